@@ -1,0 +1,281 @@
+"""Speculative decoding: prefill -> draft -> verify -> accept -> commit/rollback.
+
+Only this module knows the cycle. Each cycle the drafter proposes up to B-1
+tokens after the anchor (the last emitted token, not yet in any cache), the
+target verifies `[anchor, d1 .. d(B-1)]` in one pass, the longest prefix that
+matches the target's own choices is accepted, and the target's token at the
+first mismatch is emitted as the bonus. Caches are then rolled back so that
+they hold exactly the emitted tokens minus the last one, as plain
+autoregressive decoding would. One host sync per cycle.
+"""
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Generator, Iterable, List, Optional, Sequence, Tuple
+
+import mlx.core as mx
+
+from .drafters import Drafter
+from .rollback import rollback, snapshot
+from .target import Target
+
+
+@dataclass
+class SpecStats:
+    """Speculative statistics of one generation.
+
+    `tau` is the mean accepted length per cycle, bonus token included
+    (1 .. block size). `acceptance_rate` is per drafted token: accepted draft
+    tokens / drafted tokens. `draft_share` is the share of emitted tokens that
+    came from the draft; it is *not* an acceptance rate.
+    """
+
+    block_size: int
+    cycles: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    accepted_at: List[int] = field(default_factory=list)
+    drafted_at: List[int] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.accepted_at = [0] * max(self.block_size - 1, 0)
+        self.drafted_at = [0] * max(self.block_size - 1, 0)
+
+    def record(self, drafted: int, accepted: int, emitted: int):
+        self.cycles += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.emitted += emitted
+        for i in range(drafted):
+            self.drafted_at[i] += 1
+        for i in range(accepted):
+            self.accepted_at[i] += 1
+
+    @property
+    def tau(self) -> float:
+        return (self.accepted + self.cycles) / self.cycles if self.cycles else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def draft_share(self) -> float:
+        return self.accepted / self.emitted if self.emitted else 0.0
+
+    @property
+    def per_position(self) -> List[float]:
+        """P(draft position i accepted | it was drafted), i = 1 .. B-1."""
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    def as_dict(self) -> dict:
+        return {
+            "block_size": self.block_size,
+            "cycles": self.cycles,
+            "tau": round(self.tau, 4),
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "draft_share": round(self.draft_share, 4),
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "per_position_acceptance": [round(p, 4) for p in self.per_position],
+        }
+
+
+def prefill(
+    target: Target,
+    cache: List[Any],
+    drafter: Drafter,
+    prompt: Sequence[int],
+    *,
+    step_size: int = 2048,
+) -> mx.array:
+    """Fill the caches with `prompt`; return the logits of its last row only."""
+    drafter.start(prompt)
+    logits = None
+    for s in range(0, len(prompt), step_size):
+        chunk = list(prompt[s : s + step_size])
+        last = s + step_size >= len(prompt)
+        logits, features = target.forward(mx.array([chunk]), cache, last_only=True)
+        drafter.commit(chunk, features)
+        mx.eval([c.state for c in cache] + ([] if last else [features]))
+        if not last:
+            mx.clear_cache()
+    return logits[:, -1]
+
+
+def generate_step(
+    target: Target,
+    prompt: Sequence[int],
+    drafter: Drafter,
+    *,
+    cache: Optional[List[Any]] = None,
+    max_tokens: int = 256,
+    block_size: int = 16,
+    stop_tokens: Iterable[int] = (),
+    prefill_step_size: int = 2048,
+    stats: Optional[SpecStats] = None,
+) -> Generator[Tuple[int, bool], None, None]:
+    """Greedy speculative decoding, token for token equal to the target's own.
+
+    Args:
+        target: the target model adapter.
+        prompt: prompt token ids.
+        drafter: a `Drafter`; block_size 1 decodes plainly.
+        cache: target cache to fill (default: a fresh one).
+        max_tokens: exact number of tokens to generate at most.
+        block_size: verify block size B (anchor + B-1 drafted tokens).
+        stop_tokens: generation ends at the first of these (it is yielded).
+        prefill_step_size: prompt chunk size.
+        stats: filled in as cycles complete.
+
+    Yields:
+        (token, from_draft) pairs.
+    """
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    if not prompt:
+        raise ValueError("the prompt is empty")
+    stop = set(int(t) for t in stop_tokens)
+    cache = target.make_cache() if cache is None else cache
+    stats = SpecStats(block_size) if stats is None else stats
+
+    logits = prefill(target, cache, drafter, prompt, step_size=prefill_step_size)
+    y = int(mx.argmax(logits, axis=-1).item())
+    yield y, False
+    n_out = 1
+    if y in stop:
+        return
+
+    while n_out < max_tokens:
+        # Never verify more than can still be emitted: exact max_tokens, less work.
+        n_draft = min(block_size, max_tokens - n_out) - 1
+        draft = drafter.propose(y, n_draft) if n_draft > 0 else mx.array([], mx.uint32)
+        verify_in = mx.concatenate([mx.array([y], dtype=mx.uint32), draft.astype(mx.uint32)])
+        saved = snapshot(cache, target.delta_taps)
+        logits, features = target.forward(verify_in[None], cache)
+        choice = mx.argmax(logits[0], axis=-1)
+
+        # --- accept: the one host sync of the cycle
+        mx.eval(choice, draft)
+        choice, draft = choice.tolist(), draft.tolist()
+        a = 0
+        while a < len(draft) and draft[a] == choice[a]:
+            a += 1
+        emitted = draft[:a] + [choice[a]]
+        for i, t in enumerate(emitted):
+            if t in stop:
+                emitted = emitted[: i + 1]
+                break
+        emitted = emitted[: max_tokens - n_out]
+        m = len(emitted)
+
+        # --- commit / rollback: caches keep anchor + emitted[:-1]
+        kept = m
+        rollback(cache, target.delta_taps, saved, verified=len(draft) + 1, kept=kept)
+        drafter.commit([y] + emitted[:-1], None if features is None else features[:, :kept])
+        stats.record(drafted=len(draft), accepted=min(a, m), emitted=m)
+
+        for i, t in enumerate(emitted):
+            yield t, i < a
+        n_out += m
+        y = emitted[-1]
+        if y in stop:
+            return
+
+
+@dataclass
+class GenerationResponse:
+    """One streamed piece of output, shaped like mlx_lm's, plus speculative stats."""
+
+    text: str
+    token: int
+    from_draft: bool
+    prompt_tokens: int
+    prompt_tps: float
+    generation_tokens: int
+    generation_tps: float
+    peak_memory: float
+    finish_reason: Optional[str] = None
+    stats: Optional[SpecStats] = None
+
+
+def stream_generate(
+    target: Target,
+    tokenizer,
+    prompt,
+    drafter: Drafter,
+    *,
+    max_tokens: int = 256,
+    block_size: int = 16,
+    stop_tokens: Optional[Iterable[int]] = None,
+    prefill_step_size: int = 2048,
+) -> Generator[GenerationResponse, None, None]:
+    """Stream text like `mlx_lm.stream_generate`, decoding speculatively.
+
+    Args:
+        target, drafter: see `generate_step`.
+        tokenizer: an mlx_lm `TokenizerWrapper`.
+        prompt: a string (encoded as-is) or token ids.
+        max_tokens, block_size, prefill_step_size: see `generate_step`.
+        stop_tokens: default: the tokenizer's EOS ids.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if isinstance(prompt, str):
+        prompt = tokenizer.encode(prompt)
+    prompt = list(prompt)
+    stop = set(tokenizer.eos_token_ids if stop_tokens is None else stop_tokens)
+    stats = SpecStats(block_size)
+    detok = tokenizer.detokenizer
+    detok.reset()
+
+    tic = time.perf_counter()
+    prompt_tps = 0.0
+    n = 0
+    token, from_draft = None, False
+    for n, (token, from_draft) in enumerate(
+        generate_step(
+            target,
+            prompt,
+            drafter,
+            max_tokens=max_tokens,
+            block_size=block_size,
+            stop_tokens=stop,
+            prefill_step_size=prefill_step_size,
+            stats=stats,
+        )
+    ):
+        if n == 0:
+            prompt_time = time.perf_counter() - tic
+            prompt_tps = len(prompt) / prompt_time
+            tic = time.perf_counter()
+        if token in stop:
+            break
+        detok.add_token(token)
+        if n + 1 == max_tokens:
+            break
+        yield GenerationResponse(
+            text=detok.last_segment,
+            token=token,
+            from_draft=from_draft,
+            prompt_tokens=len(prompt),
+            prompt_tps=prompt_tps,
+            generation_tokens=n + 1,
+            generation_tps=(n + 1) / max(time.perf_counter() - tic, 1e-9),
+            peak_memory=mx.get_peak_memory() / 1e9,
+            stats=stats,
+        )
+    detok.finalize()
+    yield GenerationResponse(
+        text=detok.last_segment,
+        token=token,
+        from_draft=from_draft,
+        prompt_tokens=len(prompt),
+        prompt_tps=prompt_tps,
+        generation_tokens=n + 1,
+        generation_tps=(n + 1) / max(time.perf_counter() - tic, 1e-9),
+        peak_memory=mx.get_peak_memory() / 1e9,
+        finish_reason="stop" if token in stop else "length",
+        stats=stats,
+    )

@@ -1,0 +1,139 @@
+"""Drafters: anything that proposes the next tokens for the target to verify.
+
+The decode loop talks to a drafter through three calls, in this order:
+  start(prompt)            a new sequence begins
+  commit(tokens, features) tokens now in the target cache, with the target's
+                           captured layer outputs for them (prefill chunks and
+                           accepted verify positions)
+  propose(anchor, n)       up to n tokens that should follow `anchor`
+`capture_layers` names the target layers whose outputs `commit` needs.
+"""
+
+import random
+from typing import List, Optional, Protocol, Sequence
+
+import mlx.core as mx
+
+from .draft import DFlashDraft
+from .target import Target
+
+
+class Drafter(Protocol):
+    name: str
+    capture_layers: Sequence[int]
+
+    def start(self, prompt: Sequence[int]) -> None: ...
+
+    def commit(self, tokens: Sequence[int], features: Optional[mx.array]) -> None: ...
+
+    def propose(self, anchor: int, n: int) -> mx.array: ...
+
+
+class DFlashDrafter:
+    """Block-diffusion drafting: one pass of the draft model per block."""
+
+    name = "dflash"
+
+    def __init__(self, draft: DFlashDraft, target: Target):
+        self.draft = draft
+        self.target = target
+        self.capture_layers = list(draft.args.target_layer_ids)
+        self.mask_token_id = draft.args.mask_token_id
+        self.block_size = draft.args.block_size
+        self.cache = draft.make_cache()
+
+    def start(self, prompt):
+        self.cache = self.draft.make_cache()
+
+    def commit(self, tokens, features):
+        self.draft.append_context(features, self.cache)
+
+    def propose(self, anchor: int, n: int) -> mx.array:
+        block = mx.array([[anchor] + [self.mask_token_id] * n])
+        h = self.draft(self.target.embed(block), self.cache)
+        logits = self.target.head(h[:, 1:])
+        return mx.argmax(logits, axis=-1)[0]
+
+
+class PromptLookupDrafter:
+    """N-gram match of the latest tokens against prompt + generated text."""
+
+    name = "lookup"
+    capture_layers = ()
+
+    def __init__(self, ngram_max: int = 4, ngram_min: int = 1):
+        self.ngram_max, self.ngram_min = ngram_max, ngram_min
+        self.tokens: List[int] = []
+
+    def start(self, prompt):
+        self.tokens = []
+
+    def commit(self, tokens, features):
+        self.tokens.extend(int(t) for t in tokens)
+
+    def propose(self, anchor: int, n: int) -> mx.array:
+        seq = self.tokens + [anchor]
+        for size in range(min(self.ngram_max, len(seq) - 1), self.ngram_min - 1, -1):
+            tail = seq[-size:]
+            # Latest earlier occurrence: recent text predicts best in edits/agents.
+            for i in range(len(seq) - size - 1, -1, -1):
+                if seq[i : i + size] == tail:
+                    return mx.array(seq[i + size : i + size + n], dtype=mx.uint32)
+        return mx.array([], dtype=mx.uint32)
+
+
+class OracleDrafter:
+    """Replays a known continuation, corrupting tokens on purpose.
+
+    Args:
+        reference: the full expected sequence (prompt + the target's output).
+        error_rate: chance that each drafted token is wrong.
+        vocab_size: the target's vocabulary size (wrong tokens stay inside it).
+        schedule: alternatively, per cycle the draft index of the first wrong
+          token (cycled; an index >= n means the whole draft is right).
+    """
+
+    name = "oracle"
+    capture_layers = ()
+
+    def __init__(
+        self,
+        reference: Sequence[int],
+        *,
+        error_rate: float = 0.0,
+        vocab_size: int,
+        schedule: Optional[Sequence[int]] = None,
+        seed: int = 0,
+    ):
+        self.reference = list(reference)
+        self.error_rate = error_rate
+        self.schedule = list(schedule) if schedule else None
+        self.vocab_size = vocab_size
+        self.rng = random.Random(seed)
+        self.length = 0
+        self.cycle = 0
+
+    def start(self, prompt):
+        self.length = 0
+        self.cycle = 0
+
+    def commit(self, tokens, features):
+        self.length += len(tokens)
+
+    def _wrong(self, token: int) -> int:
+        return (token + 1 + self.rng.randrange(self.vocab_size - 1)) % self.vocab_size
+
+    def propose(self, anchor: int, n: int) -> mx.array:
+        pos = self.length + 1  # the anchor sits at `length`
+        draft = self.reference[pos : pos + n]
+        if self.schedule is not None:
+            bad = self.schedule[self.cycle % len(self.schedule)]
+            if bad < len(draft):
+                draft[bad] = self._wrong(draft[bad])
+        else:
+            draft = [
+                self._wrong(t) if self.rng.random() < self.error_rate else t
+                for t in draft
+            ]
+        self.cycle += 1
+        return mx.array(draft, dtype=mx.uint32)

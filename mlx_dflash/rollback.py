@@ -1,0 +1,74 @@
+"""Exact cache rollback after a partially accepted verify pass.
+
+After verifying S positions and keeping the first n, every target cache must
+equal what plain autoregressive decoding of those n tokens would have built.
+
+- KV caches (`KVCache`, `QuantizedKVCache`): `trim` moves the offset back.
+- GatedDeltaNet (`ArraysCache` of [conv state, recurrent state]) cannot be
+  trimmed, so we keep the pre-verify state and re-run the stock recurrence
+  (`gated_delta_update`) over the n kept steps, from the inputs the verify pass
+  produced (captured by the `Tap`s on conv1d / in_proj_a / in_proj_b). The
+  conv state is the last K-1 raw inputs of [old conv state; kept inputs].
+  The replay uses the installed mlx_lm's own kernel choice: the Metal kernel on
+  Apple GPUs, the per-step ops path everywhere else.
+"""
+
+from typing import Any, Dict, List
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
+
+from .target import DeltaTaps
+
+
+def snapshot(cache: List[Any], delta_taps: Dict[int, DeltaTaps]) -> Dict[int, tuple]:
+    """Reference the pre-verify recurrent states (arrays are immutable: no copy)."""
+    return {i: cache[i][1] for i in delta_taps}
+
+
+def rollback(
+    cache: List[Any],
+    delta_taps: Dict[int, DeltaTaps],
+    saved: Dict[int, mx.array],
+    *,
+    verified: int,
+    kept: int,
+):
+    """Make `cache` hold only the first `kept` of the `verified` positions."""
+    assert 0 < kept <= verified
+    drop = verified - kept
+    if drop == 0:
+        return
+    for i, c in enumerate(cache):
+        if i in delta_taps:
+            _replay_delta(delta_taps[i], c, saved[i], kept)
+        else:
+            assert c.is_trimmable(), f"cache {i} ({type(c).__name__}) cannot trim"
+            c.trim(drop)
+
+
+def _replay_delta(taps: DeltaTaps, c, state0: mx.array, n: int):
+    la = taps.layer
+    conv_in = taps.conv._capture.inputs  # [old conv state ; verify inputs]
+    k1 = la.conv_kernel_size - 1
+    c[0] = mx.contiguous(conv_in[:, n : n + k1])
+
+    conv_out = nn.silu(taps.conv._capture.outputs[:, :n])
+    B = conv_out.shape[0]
+    q, k, v = [
+        t.reshape(B, n, h, d)
+        for t, h, d in zip(
+            mx.split(conv_out, [la.key_dim, 2 * la.key_dim], -1),
+            [la.num_k_heads, la.num_k_heads, la.num_v_heads],
+            [la.head_k_dim, la.head_k_dim, la.head_v_dim],
+        )
+    ]
+    # Same normalisation as GatedDeltaNet.__call__ in the pinned mlx_lm minor.
+    q, k = normalize_qk(q, k, inv_scale=la.head_k_dim**-0.5, eps=1e-6)
+    a = taps.a._capture.outputs[:, :n]
+    b = taps.b._capture.outputs[:, :n]
+    _, state = gated_delta_update(
+        q, k, v, a, b, la.A_log, la.dt_bias, state0, None, use_kernel=not la.training
+    )
+    c[1] = state

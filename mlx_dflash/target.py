@@ -1,0 +1,183 @@
+"""The target: a stock mlx_lm model with hidden-state taps and a logits head.
+
+Nothing here patches a class. Taps are small wrapper modules placed on the
+model *instance* (`backbone.layers[i] = Tap(layer)`), so the model's own
+forward loop runs unchanged and other instances are untouched.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
+
+
+class Capture:
+    """Plain holder so captured arrays never become module parameters."""
+
+    __slots__ = ("on", "inputs", "outputs")
+
+    def __init__(self):
+        self.on = False
+        self.inputs = None
+        self.outputs = None
+
+
+class Tap(nn.Module):
+    """Wraps one module instance and records its first input and its output."""
+
+    def __init__(self, inner: nn.Module, keep_input: bool = False):
+        super().__init__()
+        self.inner = inner
+        self._capture = Capture()
+        self._keep_input = keep_input
+
+    def __getattr__(self, key):
+        # The model loop reads attributes such as `is_linear` off its layers.
+        if key in self:
+            return self[key]
+        if "inner" not in self:
+            raise AttributeError(key)
+        return getattr(self["inner"], key)
+
+    def __call__(self, *args, **kwargs):
+        out = self.inner(*args, **kwargs)
+        c = self._capture
+        if c.on:
+            c.inputs = args[0] if self._keep_input else None
+            c.outputs = out
+        return out
+
+
+def _unwrap(module):
+    return module.inner if isinstance(module, Tap) else module
+
+
+@dataclass
+class LayerKind:
+    mixer: str  # "attention" or "gated_delta"
+    moe: bool
+
+
+@dataclass
+class DeltaTaps:
+    """Taps on one GatedDeltaNet layer: what rollback needs to replay its steps."""
+
+    layer: nn.Module  # the stock GatedDeltaNet module
+    conv: Tap
+    a: Tap
+    b: Tap
+
+
+class Target:
+    """A stock mlx_lm model seen through the few operations decoding needs.
+
+    Args:
+        model: a model from `mlx_lm.load` (or built from its `ModelArgs`).
+        capture_layers: ids of the layers whose outputs the drafter reads
+          (DFlash `target_layer_ids`); empty for drafters that need none.
+    """
+
+    def __init__(self, model: nn.Module, capture_layers: Sequence[int] = ()):
+        self.model = model
+        # Qwen3.5 / VLM-style checkpoints nest the text model one level down.
+        self.lm = model["language_model"] if "language_model" in model else model
+        self.backbone = self.lm.model
+        self.embed_tokens = self.backbone.embed_tokens
+        # Tied or untied: decide by what the instance has, since some wrapper
+        # args (Qwen3.5) do not carry `tie_word_embeddings`.
+        if "lm_head" in self.lm:
+            self.head = self.lm.lm_head
+        else:
+            self.head = self.embed_tokens.as_linear
+        self.layers = self.backbone.layers
+        self.num_layers = len(self.layers)
+        self.hidden_size = self.embed_tokens.weight.shape[-1]
+        if self.embed_tokens.weight.dtype == mx.uint32:  # quantized embedding
+            self.hidden_size = self.embed_tokens.weight.shape[-1] * 32 // self.embed_tokens.bits
+        self.kinds = [self._kind(_unwrap(l)) for l in self.layers]
+        self.delta_taps: dict = {}
+        self._layer_taps: List[Tap] = []
+        self.set_capture_layers(capture_layers)
+        self._install_delta_taps()
+
+    # ---- structure -------------------------------------------------------------
+
+    @staticmethod
+    def _kind(layer) -> LayerKind:
+        mixer = "gated_delta" if getattr(layer, "is_linear", False) else "attention"
+        mlp = layer.get("mlp", None) if isinstance(layer, dict) else None
+        moe = mlp is not None and any(
+            k in mlp for k in ("switch_mlp", "experts", "gate")
+        )
+        return LayerKind(mixer=mixer, moe=moe)
+
+    def set_capture_layers(self, ids: Sequence[int]):
+        for i in ids:
+            if not 0 <= i < self.num_layers:
+                raise ValueError(
+                    f"target layer id {i} is out of range for a "
+                    f"{self.num_layers}-layer target"
+                )
+        self.capture_layers = list(ids)
+        self._layer_taps = []
+        for i in ids:
+            if not isinstance(self.layers[i], Tap):
+                self.layers[i] = Tap(self.layers[i])
+            self._layer_taps.append(self.layers[i])
+
+    def _install_delta_taps(self):
+        for i, kind in enumerate(self.kinds):
+            if kind.mixer != "gated_delta":
+                continue
+            la = _unwrap(self.layers[i]).linear_attn
+            for name in ("conv1d", "in_proj_a", "in_proj_b"):
+                if not isinstance(la[name], Tap):
+                    la[name] = Tap(la[name], keep_input=(name == "conv1d"))
+            self.delta_taps[i] = DeltaTaps(la, la.conv1d, la.in_proj_a, la.in_proj_b)
+
+    def make_cache(self) -> List[Any]:
+        if hasattr(self.model, "make_cache"):
+            cache = self.model.make_cache()
+        else:
+            cache = [KVCache() for _ in self.layers]
+        for c in cache:
+            if not isinstance(c, (KVCache, QuantizedKVCache, ArraysCache)):
+                raise ValueError(
+                    f"cache type {type(c).__name__} cannot be rolled back exactly "
+                    "(sliding-window / rotating caches are not supported)"
+                )
+        return cache
+
+    # ---- forward ---------------------------------------------------------------
+
+    def forward(self, tokens: mx.array, cache: List[Any], *, last_only: bool = False):
+        """Run the stock model on `tokens` (shape (1, S)) with `cache`.
+
+        Returns `(logits, features)`: logits for every row, or only the last
+        row when `last_only`; features are the captured layer outputs
+        concatenated on the last axis (None when nothing is captured).
+        """
+        taps = self._layer_taps + [
+            t for d in self.delta_taps.values() for t in (d.conv, d.a, d.b)
+        ]
+        for t in taps:
+            t._capture.on = True
+        try:
+            h = self.backbone(tokens, cache)
+        finally:
+            for t in taps:
+                t._capture.on = False
+        if last_only:
+            h = h[:, -1:]
+        logits = self.head(h)
+        features = None
+        if self._layer_taps:
+            features = mx.concatenate(
+                [t._capture.outputs for t in self._layer_taps], axis=-1
+            )
+        return logits, features
+
+    def embed(self, tokens: mx.array) -> mx.array:
+        return self.embed_tokens(tokens)
