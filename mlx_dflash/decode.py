@@ -89,11 +89,19 @@ def prefill(
     prompt: Sequence[int],
     *,
     step_size: int = 2048,
+    cached: int = 0,
 ) -> mx.array:
-    """Fill the caches with `prompt`; return the logits of its last row only."""
-    drafter.start(prompt)
+    """Fill the caches with `prompt`; return the logits of its last row only.
+
+    With `cached` > 0 the target cache and the drafter already hold
+    `prompt[:cached]` (a reused prompt cache) and only the rest is run.
+    """
+    if not 0 <= cached < len(prompt):
+        raise ValueError(f"cached prefix {cached} must be shorter than the prompt")
+    if cached == 0:
+        drafter.start(prompt)
     logits = None
-    for s in range(0, len(prompt), step_size):
+    for s in range(cached, len(prompt), step_size):
         chunk = list(prompt[s : s + step_size])
         last = s + step_size >= len(prompt)
         logits, features = target.forward(mx.array([chunk]), cache, last_only=True)
@@ -114,6 +122,7 @@ def generate_step(
     block_size: int = 16,
     stop_tokens: Iterable[int] = (),
     prefill_step_size: int = 2048,
+    cached: int = 0,
     stats: Optional[SpecStats] = None,
 ) -> Generator[Tuple[int, bool], None, None]:
     """Greedy speculative decoding, token for token equal to the target's own.
@@ -127,7 +136,12 @@ def generate_step(
         block_size: verify block size B (anchor + B-1 drafted tokens).
         stop_tokens: generation ends at the first of these (it is yielded).
         prefill_step_size: prompt chunk size.
+        cached: `cache` and `drafter` already hold `prompt[:cached]` (prompt
+          cache reuse); only the rest is prefilled.
         stats: filled in as cycles complete.
+
+    When the generator is exhausted, `cache` and the drafter hold
+    `prompt + output[:-1]`, exactly as plain decoding would leave them.
 
     Yields:
         (token, from_draft) pairs.
@@ -140,7 +154,9 @@ def generate_step(
     cache = target.make_cache() if cache is None else cache
     stats = SpecStats(block_size) if stats is None else stats
 
-    logits = prefill(target, cache, drafter, prompt, step_size=prefill_step_size)
+    logits = prefill(
+        target, cache, drafter, prompt, step_size=prefill_step_size, cached=cached
+    )
     y = int(mx.argmax(logits, axis=-1).item())
     yield y, False
     n_out = 1
@@ -210,6 +226,8 @@ def stream_generate(
     block_size: int = 16,
     stop_tokens: Optional[Iterable[int]] = None,
     prefill_step_size: int = 2048,
+    cache: Optional[List[Any]] = None,
+    cached: int = 0,
 ) -> Generator[GenerationResponse, None, None]:
     """Stream text like `mlx_lm.stream_generate`, decoding speculatively.
 
@@ -217,7 +235,8 @@ def stream_generate(
         target, drafter: see `generate_step`.
         tokenizer: an mlx_lm `TokenizerWrapper`.
         prompt: a string (encoded as-is) or token ids.
-        max_tokens, block_size, prefill_step_size: see `generate_step`.
+        max_tokens, block_size, prefill_step_size, cache, cached: see
+          `generate_step`.
         stop_tokens: default: the tokenizer's EOS ids.
     """
     if max_tokens < 1:
@@ -243,12 +262,14 @@ def stream_generate(
             block_size=block_size,
             stop_tokens=stop,
             prefill_step_size=prefill_step_size,
+            cache=cache,
+            cached=cached,
             stats=stats,
         )
     ):
         if n == 0:
             prompt_time = time.perf_counter() - tic
-            prompt_tps = len(prompt) / prompt_time
+            prompt_tps = (len(prompt) - cached) / prompt_time
             tic = time.perf_counter()
         if token in stop:
             break

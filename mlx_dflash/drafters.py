@@ -7,6 +7,8 @@ The decode loop talks to a drafter through three calls, in this order:
                            accepted verify positions)
   propose(anchor, n)       up to n tokens that should follow `anchor`
 `capture_layers` names the target layers whose outputs `commit` needs.
+`trim(n)` forgets the last n committed tokens (prompt-cache reuse); the
+drafter's state is plain data, so `copy.deepcopy(drafter_state)` snapshots it.
 """
 
 import random
@@ -28,6 +30,8 @@ class Drafter(Protocol):
 
     def propose(self, anchor: int, n: int) -> mx.array: ...
 
+    def trim(self, n: int) -> None: ...
+
 
 class DFlashDrafter:
     """Block-diffusion drafting: one pass of the draft model per block."""
@@ -47,6 +51,10 @@ class DFlashDrafter:
 
     def commit(self, tokens, features):
         self.draft.append_context(features, self.cache)
+
+    def trim(self, n):
+        for c in self.cache:
+            c.trim(n)
 
     def propose(self, anchor: int, n: int) -> mx.array:
         block = mx.array([[anchor] + [self.mask_token_id] * n])
@@ -70,6 +78,9 @@ class PromptLookupDrafter:
 
     def commit(self, tokens, features):
         self.tokens.extend(int(t) for t in tokens)
+
+    def trim(self, n):
+        del self.tokens[len(self.tokens) - n :]
 
     def propose(self, anchor: int, n: int) -> mx.array:
         seq = self.tokens + [anchor]
@@ -119,6 +130,9 @@ class OracleDrafter:
 
     def commit(self, tokens, features):
         self.length += len(tokens)
+
+    def trim(self, n):
+        self.length -= n
 
     def _wrong(self, token: int) -> int:
         return (token + 1 + self.rng.randrange(self.vocab_size - 1)) % self.vocab_size

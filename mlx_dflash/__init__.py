@@ -1,0 +1,3 @@
+"""mlx-dflash: lossless DFlash speculative decoding on stock mlx_lm."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,136 @@
+"""`mlx-dflash generate`: one prompt in, the target's own greedy answer out."""
+
+import argparse
+import json
+import sys
+
+import mlx.core as mx
+
+from .decode import stream_generate
+from .load import load_target, make_drafter
+
+
+def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--model", help="target: HF repo id, mlx_lm directory or .gguf file")
+    parser.add_argument(
+        "--draft",
+        default=None,
+        help="DFlash checkpoint directory (z-lab format), 'lookup' for prompt "
+        "lookup, or 'none' for plain decoding",
+    )
+    parser.add_argument("--prompt", "-p", required=True, help="the prompt ('-' reads stdin)")
+    parser.add_argument("--max-tokens", "-m", type=int, default=256)
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help="verify block size (default: the drafter's, 16 for lookup; 1 = plain decoding)",
+    )
+    parser.add_argument(
+        "--chat-template-args",
+        type=json.loads,
+        default={},
+        help='JSON object passed to the chat template, e.g. \'{"enable_thinking": false}\'',
+    )
+    parser.add_argument(
+        "--no-chat-template", action="store_true", help="use the prompt as raw text"
+    )
+    parser.add_argument("--system", default=None, help="optional system message")
+    parser.add_argument(
+        "--dtype",
+        choices=["float32", "float16", "bfloat16"],
+        default=None,
+        help="cast target and drafter to this dtype (default: keep the weights')",
+    )
+    parser.add_argument("--prefill-step-size", type=int, default=2048)
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object: text, token ids, stats"
+    )
+    return parser
+
+
+def encode_prompt(tokenizer, prompt: str, *, chat: bool, system=None, template_args=None):
+    if chat and tokenizer.has_chat_template:
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": prompt}
+        ]
+        return tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, **(template_args or {})
+        )
+    return tokenizer.encode(prompt)
+
+
+def run(args) -> dict:
+    if args.model is None:
+        raise ValueError("--model is required (a default pair is not installed)")
+    dtype = getattr(mx, args.dtype) if args.dtype else None
+    target, tokenizer = load_target(args.model, dtype=dtype)
+    drafter, native_block = make_drafter(args.draft, target, dtype=dtype)
+    block_size = args.block_size or native_block or 16
+    prompt_text = sys.stdin.read() if args.prompt == "-" else args.prompt
+    prompt = encode_prompt(
+        tokenizer,
+        prompt_text,
+        chat=not args.no_chat_template,
+        system=args.system,
+        template_args=args.chat_template_args,
+    )
+    pieces, tokens = [], []
+    last = None
+    for r in stream_generate(
+        target,
+        tokenizer,
+        prompt,
+        drafter,
+        max_tokens=args.max_tokens,
+        block_size=block_size,
+        prefill_step_size=args.prefill_step_size,
+    ):
+        pieces.append(r.text)
+        tokens.append(r.token)
+        if not args.json:
+            print(r.text, end="", flush=True)
+        last = r
+    if last.finish_reason == "stop":
+        tokens = tokens[:-1] if tokens[-1] in tokenizer.eos_token_ids else tokens
+    result = {
+        "text": "".join(pieces),
+        "tokens": tokens,
+        "finish_reason": last.finish_reason,
+        "prompt_tokens": last.prompt_tokens,
+        "generation_tokens": last.generation_tokens,
+        "prompt_tps": round(last.prompt_tps, 3),
+        "generation_tps": round(last.generation_tps, 3),
+        "peak_memory_gb": round(last.peak_memory, 3),
+        "drafter": drafter.name if block_size > 1 else "none",
+        "stats": last.stats.as_dict(),
+    }
+    return result
+
+
+def main(argv=None):
+    parser = build_parser(
+        argparse.ArgumentParser(
+            prog="mlx-dflash generate",
+            description="Generate with DFlash speculative decoding; the output is "
+            "token for token the target's own greedy output.",
+        )
+    )
+    args = parser.parse_args(argv)
+    try:
+        result = run(args)
+    except ValueError as e:
+        parser.exit(2, f"error: {e}\n")
+    if args.json:
+        print(json.dumps(result))
+        return
+    s = result["stats"]
+    print(
+        f"\n==========\nprompt: {result['prompt_tokens']} tokens, "
+        f"{result['prompt_tps']:.1f} tok/s | generation: {result['generation_tokens']} "
+        f"tokens, {result['generation_tps']:.1f} tok/s | drafter {result['drafter']}, "
+        f"block {s['block_size']}, tau {s['tau']:.2f} (mean accepted length incl. bonus), "
+        f"per-draft-token acceptance {s['acceptance_rate']:.1%} | "
+        f"peak memory {result['peak_memory_gb']:.2f} GB",
+        file=sys.stderr,
+    )
