@@ -78,3 +78,55 @@ def tiny_model(family: str, seed: int = 0) -> nn.Module:
     model.set_dtype(mx.float32)
     mx.eval(model.parameters())
     return model
+
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def tiny_tokenizer_files(path, vocab_size: int = VOCAB):
+    """A word-level tokenizer over `vocab_size` ids: specials, a-z, digits, words."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    words = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [str(d) for d in range(10)]
+    words += ["user", "assistant", "system", "\n", "hello", "world", "def", "return"]
+    words += [f"w{i}" for i in range(vocab_size - len(specials) - len(words) - 1)]
+    vocab = {t: i for i, t in enumerate(specials + words + ["<unk>"])}
+    assert len(vocab) == vocab_size
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()]
+    )
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    tok.add_special_tokens(specials)
+    tok.save(str(path / "tokenizer.json"))
+    with open(path / "tokenizer_config.json", "w") as f:
+        json.dump(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "eos_token": "<|im_end|>",
+                "unk_token": "<unk>",
+                "chat_template": CHAT_TEMPLATE,
+            },
+            f,
+        )
+
+
+def save_tiny_model_dir(family: str, path, seed: int = 0):
+    """An mlx_lm model directory (weights, config, tokenizer) of a tiny model."""
+    from pathlib import Path
+
+    from mlx_lm.utils import save_config, save_model
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model = tiny_model(family, seed)
+    save_model(path, model)
+    save_config(dict(CONFIGS[family]), path / "config.json")
+    tiny_tokenizer_files(path)
+    return model
