@@ -9,6 +9,7 @@ they hold exactly the emitted tokens minus the last one, as plain
 autoregressive decoding would. One host sync per cycle.
 """
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Generator, Iterable, List, Optional, Sequence, Tuple
@@ -17,6 +18,7 @@ import mlx.core as mx
 
 from .drafters import Drafter
 from .rollback import rollback, snapshot
+from .sampling import SamplingParams, probs, speculative_accept
 from .target import Target
 
 
@@ -123,9 +125,15 @@ def generate_step(
     stop_tokens: Iterable[int] = (),
     prefill_step_size: int = 2048,
     cached: int = 0,
+    sampling: Optional[SamplingParams] = None,
+    logprobs: Optional[int] = None,
     stats: Optional[SpecStats] = None,
-) -> Generator[Tuple[int, bool], None, None]:
-    """Greedy speculative decoding, token for token equal to the target's own.
+) -> Generator[tuple, None, None]:
+    """Speculative decoding whose output is the target's own.
+
+    Greedy (the default) is token for token equal to plain greedy decoding;
+    with a temperature, speculative sampling keeps the output distributed
+    exactly as sampling from the target alone.
 
     Args:
         target: the target model adapter.
@@ -138,47 +146,77 @@ def generate_step(
         prefill_step_size: prompt chunk size.
         cached: `cache` and `drafter` already hold `prompt[:cached]` (prompt
           cache reuse); only the rest is prefilled.
+        sampling: temperature / top-p / top-k / min-p / seed (default greedy).
+        logprobs: None, or the number of top log-probabilities to return with
+          each token (0 = only the token's own).
         stats: filled in as cycles complete.
 
     When the generator is exhausted, `cache` and the drafter hold
     `prompt + output[:-1]`, exactly as plain decoding would leave them.
 
     Yields:
-        (token, from_draft) pairs.
+        (token, from_draft) pairs; with `logprobs` set,
+        (token, from_draft, (logprob, [(id, logprob), ...])).
     """
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     if not prompt:
         raise ValueError("the prompt is empty")
+    params = sampling or SamplingParams()
     stop = set(int(t) for t in stop_tokens)
     cache = target.make_cache() if cache is None else cache
     stats = SpecStats(block_size) if stats is None else stats
+    seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(4), "little")
+    key = mx.random.key(seed)
 
     logits = prefill(
         target, cache, drafter, prompt, step_size=prefill_step_size, cached=cached
     )
-    y = int(mx.argmax(logits, axis=-1).item())
-    yield y, False
+    key, k = mx.random.split(key)
+    if params.greedy:
+        first = mx.argmax(logits, axis=-1)
+    else:
+        first = mx.random.categorical(mx.log(probs(logits, params)), key=k)
+    lp = _logprobs(logits, first, logprobs)
+    mx.eval(first, lp)
+    y = int(first.item())
+    yield _out(y, False, lp, 0, logprobs)
     n_out = 1
     if y in stop:
         return
 
+    sampled_drafts = not params.greedy and hasattr(drafter, "propose_sampled")
     while n_out < max_tokens:
         # Never verify more than can still be emitted: exact max_tokens, less work.
         n_draft = min(block_size, max_tokens - n_out) - 1
-        draft = drafter.propose(y, n_draft) if n_draft > 0 else mx.array([], mx.uint32)
-        verify_in = mx.concatenate([mx.array([y], dtype=mx.uint32), draft.astype(mx.uint32)])
+        key, k_draft, k_accept = mx.random.split(key, 3)
+        q = None
+        if n_draft == 0:
+            draft = mx.array([], mx.uint32)
+        elif sampled_drafts:
+            draft, q = drafter.propose_sampled(y, n_draft, params, k_draft)
+        else:
+            draft = drafter.propose(y, n_draft)
+        draft = draft.astype(mx.uint32)
+        verify_in = mx.concatenate([mx.array([y], dtype=mx.uint32), draft])
         saved = snapshot(cache, target.delta_taps)
         logits, features = target.forward(verify_in[None], cache)
-        choice = mx.argmax(logits[0], axis=-1)
+        logits = logits[0]
+        if params.greedy:
+            candidates = mx.argmax(logits, axis=-1)
+            accepted = draft == candidates[:-1]
+        else:
+            p = probs(logits, params)
+            accepted, candidates = speculative_accept(draft, q, p, k_accept)
+        lp = _logprobs(logits, candidates, logprobs, draft)
 
         # --- accept: the one host sync of the cycle
-        mx.eval(choice, draft)
-        choice, draft = choice.tolist(), draft.tolist()
+        mx.eval(accepted, candidates, draft, lp)
+        accepted, candidates, draft = accepted.tolist(), candidates.tolist(), draft.tolist()
         a = 0
-        while a < len(draft) and draft[a] == choice[a]:
+        while a < len(draft) and accepted[a]:
             a += 1
-        emitted = draft[:a] + [choice[a]]
+        emitted = draft[:a] + [candidates[a]]
         for i, t in enumerate(emitted):
             if t in stop:
                 emitted = emitted[: i + 1]
@@ -193,11 +231,42 @@ def generate_step(
         stats.record(drafted=len(draft), accepted=min(a, m), emitted=m)
 
         for i, t in enumerate(emitted):
-            yield t, i < a
+            yield _out(t, i < a, lp, i, logprobs, from_draft_row=i < a)
         n_out += m
         y = emitted[-1]
         if y in stop:
             return
+
+
+def _logprobs(logits, candidates, top: Optional[int], draft=None):
+    """Target log-probabilities (before sampling transforms) of each row's
+    candidate and drafted token, plus the row's top entries; None if not asked."""
+    if top is None:
+        return None
+    logits = logits.reshape(-1, logits.shape[-1]).astype(mx.float32)
+    lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    cand = mx.take_along_axis(lp, candidates.reshape(-1, 1).astype(mx.int32), -1)[:, 0]
+    out = {"candidate": cand}
+    if draft is not None and draft.size:
+        idx = draft.reshape(-1, 1).astype(mx.int32)
+        out["draft"] = mx.take_along_axis(lp[: draft.size], idx, -1)[:, 0]
+    if top > 0:
+        k = min(top, lp.shape[-1])
+        ids = mx.argpartition(-lp, kth=k - 1, axis=-1)[:, :k]
+        out["top_ids"] = ids
+        out["top_lp"] = mx.take_along_axis(lp, ids, -1)
+    return out
+
+
+def _out(token, from_draft, lp, row, top, from_draft_row=False):
+    if top is None:
+        return token, from_draft
+    value = (lp["draft"] if from_draft_row else lp["candidate"])[row].item()
+    tops = []
+    if top > 0:
+        pairs = zip(lp["top_ids"][row].tolist(), lp["top_lp"][row].tolist())
+        tops = sorted(pairs, key=lambda x: -x[1])
+    return token, from_draft, (value, tops)
 
 
 @dataclass
@@ -214,6 +283,8 @@ class GenerationResponse:
     peak_memory: float
     finish_reason: Optional[str] = None
     stats: Optional[SpecStats] = None
+    logprob: Optional[float] = None
+    top_logprobs: Optional[List[Tuple[int, float]]] = None
 
 
 def stream_generate(
@@ -228,6 +299,8 @@ def stream_generate(
     prefill_step_size: int = 2048,
     cache: Optional[List[Any]] = None,
     cached: int = 0,
+    sampling: Optional[SamplingParams] = None,
+    logprobs: Optional[int] = None,
 ) -> Generator[GenerationResponse, None, None]:
     """Stream text like `mlx_lm.stream_generate`, decoding speculatively.
 
@@ -235,8 +308,8 @@ def stream_generate(
         target, drafter: see `generate_step`.
         tokenizer: an mlx_lm `TokenizerWrapper`.
         prompt: a string (encoded as-is) or token ids.
-        max_tokens, block_size, prefill_step_size, cache, cached: see
-          `generate_step`.
+        max_tokens, block_size, prefill_step_size, cache, cached, sampling,
+          logprobs: see `generate_step`.
         stop_tokens: default: the tokenizer's EOS ids.
     """
     if max_tokens < 1:
@@ -252,8 +325,8 @@ def stream_generate(
     tic = time.perf_counter()
     prompt_tps = 0.0
     n = 0
-    token, from_draft = None, False
-    for n, (token, from_draft) in enumerate(
+    token, from_draft, lp = None, False, (None, None)
+    for n, step in enumerate(
         generate_step(
             target,
             prompt,
@@ -264,9 +337,13 @@ def stream_generate(
             prefill_step_size=prefill_step_size,
             cache=cache,
             cached=cached,
+            sampling=sampling,
+            logprobs=logprobs,
             stats=stats,
         )
     ):
+        token, from_draft = step[:2]
+        lp = step[2] if logprobs is not None else (None, None)
         if n == 0:
             prompt_time = time.perf_counter() - tic
             prompt_tps = (len(prompt) - cached) / prompt_time
@@ -286,6 +363,8 @@ def stream_generate(
             generation_tps=(n + 1) / max(time.perf_counter() - tic, 1e-9),
             peak_memory=mx.get_peak_memory() / 1e9,
             stats=stats,
+            logprob=lp[0],
+            top_logprobs=lp[1],
         )
     detok.finalize()
     yield GenerationResponse(
@@ -299,4 +378,6 @@ def stream_generate(
         peak_memory=mx.get_peak_memory() / 1e9,
         finish_reason="stop" if token in stop else "length",
         stats=stats,
+        logprob=lp[0],
+        top_logprobs=lp[1],
     )

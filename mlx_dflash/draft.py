@@ -18,6 +18,8 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
+from .cache import BucketKVCache
+
 from mlx.nn.layers.activations import silu
 
 REQUIRED_CONFIG = (
@@ -167,28 +169,33 @@ class DraftAttention(nn.Module):
     def append_context(self, ctx: mx.array, cache: KVCache):
         cache.update_and_fetch(*self.kv(ctx, cache.offset))
 
-    def __call__(self, x: mx.array, cache: KVCache) -> mx.array:
+    def __call__(self, x: mx.array, cache: BucketKVCache) -> mx.array:
         B, L, _ = x.shape
         start = cache.offset
         q = self.q_norm(self.q_proj(x).reshape(B, L, self.n_heads, -1))
         q = self.rope(q.transpose(0, 2, 1, 3), offset=start)
         k, v = self.kv(x, start)
-        if start > 0:
-            ck, cv = cache.keys_and_values()
-            k = mx.concatenate([ck, k], axis=2)
-            v = mx.concatenate([cv, v], axis=2)
-        mask = block_mask(L, start, causal=self.causal, window=self.window)
+        cap = 0
+        if cache.keys is not None:
+            # The whole bucketed buffer: the key length changes once per bucket.
+            cap = cache.keys.shape[2]
+            k = mx.concatenate([cache.keys, k], axis=2)
+            v = mx.concatenate([cache.values, v], axis=2)
+        mask = block_mask(L, start, cap, causal=self.causal, window=self.window)
         out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
 
-def block_mask(L: int, start: int, *, causal: bool, window: Optional[int]):
-    """Visibility of keys [context 0..start-1, block] from block queries; None = all."""
-    if not causal and window is None:
+def block_mask(L: int, start: int, cap: int, *, causal: bool, window: Optional[int]):
+    """Visibility of keys [context buffer (cap rows, `start` used), block] from the
+    block's queries; None when everything is visible."""
+    if cap == start and not causal and window is None:
         return None
     qpos = mx.arange(start, start + L)[:, None]
-    kpos = mx.arange(start + L)[None]
-    visible = mx.ones((L, start + L), dtype=mx.bool_)
+    # Buffer row j holds position j (unused rows >= start); block row i is start+i.
+    kpos = mx.concatenate([mx.arange(cap), mx.arange(start, start + L)])[None]
+    used = mx.concatenate([mx.arange(cap) < start, mx.ones((L,), dtype=mx.bool_)])[None]
+    visible = mx.broadcast_to(used, (L, cap + L))
     if causal:
         visible = visible & (kpos <= qpos)
     if window is not None:
@@ -236,8 +243,8 @@ class DFlashDraft(nn.Module):
     def dtype(self):
         return self.fc.weight.dtype
 
-    def make_cache(self) -> List[KVCache]:
-        return [KVCache() for _ in self.layers]
+    def make_cache(self) -> List[BucketKVCache]:
+        return [BucketKVCache() for _ in self.layers]
 
     def project(self, features: mx.array) -> mx.array:
         return self.hidden_norm(self.fc(features.astype(self.dtype)))

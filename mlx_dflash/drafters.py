@@ -17,6 +17,7 @@ from typing import List, Optional, Protocol, Sequence
 import mlx.core as mx
 
 from .draft import DFlashDraft
+from .sampling import sample_draft
 from .target import Target
 
 
@@ -56,11 +57,17 @@ class DFlashDrafter:
         for c in self.cache:
             c.trim(n)
 
-    def propose(self, anchor: int, n: int) -> mx.array:
+    def _logits(self, anchor: int, n: int) -> mx.array:
         block = mx.array([[anchor] + [self.mask_token_id] * n])
         h = self.draft(self.target.embed(block), self.cache)
-        logits = self.target.head(h[:, 1:])
-        return mx.argmax(logits, axis=-1)[0]
+        return self.target.head(h[0, 1:])
+
+    def propose(self, anchor: int, n: int) -> mx.array:
+        return mx.argmax(self._logits(anchor, n), axis=-1)
+
+    def propose_sampled(self, anchor: int, n: int, params, key):
+        """Draw the draft from q (same transforms as the target); return (tokens, q)."""
+        return sample_draft(self._logits(anchor, n), params, key)
 
 
 class PromptLookupDrafter:

@@ -8,6 +8,7 @@ import mlx.core as mx
 
 from .decode import stream_generate
 from .load import load_target, make_drafter
+from .sampling import SamplingParams
 
 
 def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -42,6 +43,11 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=None,
         help="cast target and drafter to this dtype (default: keep the weights')",
     )
+    parser.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0 = greedy)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--min-p", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=None, help="PRNG seed for sampling")
     parser.add_argument("--prefill-step-size", type=int, default=2048)
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object: text, token ids, stats"
@@ -63,6 +69,9 @@ def encode_prompt(tokenizer, prompt: str, *, chat: bool, system=None, template_a
 def run(args) -> dict:
     if args.model is None:
         raise ValueError("--model is required (a default pair is not installed)")
+    sampling = SamplingParams(
+        temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=args.seed
+    )
     dtype = getattr(mx, args.dtype) if args.dtype else None
     target, tokenizer = load_target(args.model, dtype=dtype)
     drafter, native_block = make_drafter(args.draft, target, dtype=dtype)
@@ -85,6 +94,7 @@ def run(args) -> dict:
         max_tokens=args.max_tokens,
         block_size=block_size,
         prefill_step_size=args.prefill_step_size,
+        sampling=sampling,
     ):
         pieces.append(r.text)
         tokens.append(r.token)
@@ -112,8 +122,9 @@ def main(argv=None):
     parser = build_parser(
         argparse.ArgumentParser(
             prog="mlx-dflash generate",
-            description="Generate with DFlash speculative decoding; the output is "
-            "token for token the target's own greedy output.",
+            description="Generate with DFlash speculative decoding. Greedy output is "
+            "token for token the target's own; with --temp, speculative sampling keeps "
+            "the output distributed exactly as sampling from the target alone.",
         )
     )
     args = parser.parse_args(argv)

@@ -12,6 +12,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
 
+from .cache import BucketKVCache
+
 
 class Capture:
     """Plain holder so captured arrays never become module parameters."""
@@ -137,11 +139,22 @@ class Target:
                     la[name] = Tap(la[name], keep_input=(name == "conv1d"))
             self.delta_taps[i] = DeltaTaps(la, la.conv1d, la.in_proj_a, la.in_proj_b)
 
-    def make_cache(self) -> List[Any]:
+    def make_cache(self, bucket: Optional[bool] = None) -> List[Any]:
+        """The model's own cache list, with plain KV caches made bucketed.
+
+        Args:
+            bucket: use `BucketKVCache` for attention layers (padded key length,
+              explicit mask). Default: on CUDA only, where attention kernels
+              are compiled per key length.
+        """
+        if bucket is None:
+            bucket = mx.cuda.is_available()
         if hasattr(self.model, "make_cache"):
             cache = self.model.make_cache()
         else:
             cache = [KVCache() for _ in self.layers]
+        if bucket:
+            cache = [BucketKVCache() if type(c) is KVCache else c for c in cache]
         for c in cache:
             if not isinstance(c, (KVCache, QuantizedKVCache, ArraysCache)):
                 raise ValueError(

@@ -132,3 +132,16 @@ def test_bad_arguments():
         next(generate_step(Target(model), PROMPT, PromptLookupDrafter(), block_size=0))
     with pytest.raises(ValueError, match="empty"):
         next(generate_step(Target(model), [], PromptLookupDrafter()))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("kind", ["oracle", "dflash"])
+def test_bucketed_kv_cache_is_exact(family, kind):
+    """Padded K/V + explicit mask (the CUDA no-recompile path) changes no token."""
+    model, ref = setup(family)
+    target = Target(model)
+    drafter = make_drafter(kind, target, ref)
+    cache = target.make_cache(bucket=True)
+    assert any(type(c).__name__ == "BucketKVCache" for c in cache)
+    out, _ = run(target, drafter, cache=cache, max_tokens=N, block_size=16, prefill_step_size=5)
+    assert out == ref
