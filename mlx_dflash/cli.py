@@ -5,6 +5,7 @@ import sys
 
 COMMANDS = {
     "generate": ("mlx_dflash.generate", "generate text with speculative decoding"),
+    "serve": ("mlx_dflash.serve", "OpenAI- and Anthropic-compatible HTTP server"),
 }
 
 

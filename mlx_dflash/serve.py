@@ -1,0 +1,145 @@
+"""`mlx-dflash serve`: an OpenAI- and Anthropic-compatible HTTP server."""
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+import mlx.core as mx
+
+
+def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="target: HF repo id, mlx_lm directory or .gguf file "
+        "(default: the SmolLM2-135M-Instruct GGUF, see gguf.py)",
+    )
+    parser.add_argument(
+        "--draft",
+        default=None,
+        help="DFlash checkpoint directory, 'lookup' (prompt lookup) or "
+        "'none' (plain decoding); default: none",
+    )
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help="verify block size (default: the drafter's, 16 for lookup)",
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="bind address (default loopback only)"
+    )
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--served-model-name",
+        default=None,
+        help="model id reported by /v1/models (default: the --model name)",
+    )
+    parser.add_argument(
+        "--chat-template-args",
+        type=json.loads,
+        default={},
+        help="JSON object for the chat template, e.g. '{\"enable_thinking\": false}'",
+    )
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help="require this key (Bearer or x-api-key) on every route but /health",
+    )
+    parser.add_argument(
+        "--prompt-cache-bytes",
+        type=int,
+        default=4 << 30,
+        help="byte budget of the cross-request prompt cache (0 disables it)",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=4096,
+        help="default max_tokens when an OpenAI request names none",
+    )
+    parser.add_argument(
+        "--max-context",
+        type=int,
+        default=None,
+        help="reject longer prompts (default: the model's max positions)",
+    )
+    parser.add_argument("--prefill-step-size", type=int, default=2048)
+    parser.add_argument(
+        "--dtype", choices=["float32", "float16", "bfloat16"], default=None
+    )
+    parser.add_argument("--log-level", default="info")
+    return parser
+
+
+def make_provider(args):
+    """Loads on the generation thread: MLX streams belong to their thread."""
+
+    def provider():
+        from .load import load_target, make_drafter
+
+        dtype = getattr(mx, args.dtype) if args.dtype else None
+        target, tokenizer = load_target(args.model, dtype=dtype)
+        drafter, native = make_drafter(args.draft, target, dtype=dtype)
+        block_size = args.block_size or native or 16
+        return target, tokenizer, drafter, block_size
+
+    return provider
+
+
+def main(argv=None):
+    parser = build_parser(
+        argparse.ArgumentParser(
+            prog="mlx-dflash serve",
+            description="Serve a model with DFlash speculative decoding over the OpenAI "
+            "and Anthropic HTTP APIs.",
+        )
+    )
+    args = parser.parse_args(argv)
+    if args.model is None:
+        from .gguf import find_default_gguf
+
+        args.model = str(find_default_gguf())
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+    import uvicorn
+
+    from .server import Engine, EngineConfig, create_app
+
+    config = EngineConfig(
+        model_name=args.served_model_name or Path(str(args.model).rstrip("/")).name,
+        prompt_cache_bytes=args.prompt_cache_bytes,
+        max_context=args.max_context,
+        prefill_step_size=args.prefill_step_size,
+        default_max_tokens=args.max_tokens,
+        chat_template_args=args.chat_template_args,
+    )
+    try:
+        engine = Engine(make_provider(args), config).start()
+    except ValueError as e:
+        parser.exit(2, f"error: {e}\n")
+    logging.getLogger("mlx_dflash.server").info(
+        "serving %s (drafter %s, block %d) on http://%s:%d",
+        config.model_name,
+        engine.drafter_name,
+        engine.block_size,
+        args.host,
+        args.port,
+    )
+    try:
+        uvicorn.run(
+            create_app(engine, api_key=args.api_key),
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level.lower(),
+        )
+    finally:
+        engine.stop()
+
+
+if __name__ == "__main__":
+    main()

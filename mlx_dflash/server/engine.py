@@ -1,0 +1,335 @@
+"""The generation thread: it alone owns the model, the caches and the drafter.
+
+HTTP handlers submit `Job`s; the thread runs them one at a time in FIFO order
+and streams `Event`s back onto each job's asyncio queue. A job whose client
+went away is cancelled between tokens and its half-used cache is dropped.
+"""
+
+import asyncio
+import copy
+import inspect
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import mlx.core as mx
+from mlx_lm.models.cache import trim_prompt_cache
+from mlx_lm.sample_utils import make_sampler
+
+from ..decode import SpecStats, generate_step, prefill
+from .metrics import Metrics
+from .prompt_cache import PromptCache, load_drafter, save_drafter
+
+log = logging.getLogger("mlx_dflash.server")
+
+try:  # speculative sampling lands with the Sampling issue; until then, target-only
+    from ..sampling import SamplingParams
+except ImportError:  # pragma: no cover
+    SamplingParams = None
+SPECULATIVE_SAMPLING = (
+    SamplingParams is not None
+    and "sampling" in inspect.signature(generate_step).parameters
+)
+
+# (target, tokenizer, drafter, block_size); called on the generation thread,
+# since MLX streams belong to the thread that creates them.
+Provider = Callable[[], Tuple[Any, Any, Any, int]]
+
+
+@dataclass
+class EngineConfig:
+    model_name: str = "default"
+    prompt_cache_bytes: int = 4 << 30
+    max_context: Optional[int] = None  # default: the model's max_position_embeddings
+    prefill_step_size: int = 2048
+    default_max_tokens: int = 4096
+    chat_template_args: dict = field(default_factory=dict)
+
+
+@dataclass
+class Event:
+    text: str = ""
+    token: Optional[int] = None
+    finish_reason: Optional[str] = None  # "stop" | "length" | "cancelled" | "error"
+    error: Optional[str] = None
+    usage: Optional[dict] = None
+
+
+@dataclass
+class Job:
+    prompt: List[int]
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: Optional[int] = None
+    engine: str = ""
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    events: Optional[asyncio.Queue] = None
+    loop: Optional[asyncio.AbstractEventLoop] = None
+
+    def emit(self, event: Event):
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+    def cancel(self):
+        self.cancelled.set()
+
+
+def sample_step(
+    target,
+    prompt,
+    drafter,
+    *,
+    cache,
+    sampler,
+    max_tokens,
+    stop_tokens,
+    prefill_step_size,
+    cached,
+):
+    """Target-only sampling that keeps the drafter in step with the cache.
+
+    Stands in for speculative sampling until that lands: the tokens are drawn
+    from the target's own distribution, exactly as `mlx_lm.generate_step` does.
+    """
+    logits = prefill(
+        target, cache, drafter, prompt, step_size=prefill_step_size, cached=cached
+    )
+    for n in range(max_tokens):
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        y = int(sampler(logprobs).item())
+        yield y, False
+        if y in stop_tokens or n + 1 == max_tokens:
+            return
+        logits, features = target.forward(mx.array([[y]]), cache, last_only=True)
+        drafter.commit([y], features)
+        logits = logits[:, -1]
+
+
+class Engine:
+    """Owns the model on one worker thread; see the module docstring."""
+
+    def __init__(
+        self, provider: Provider, config: EngineConfig, metrics: Metrics = None
+    ):
+        self.config = config
+        self.metrics = metrics or Metrics()
+        self._provider = provider
+        self._queue: "queue.Queue[Optional[Job]]" = queue.Queue()
+        self._ready = threading.Event()
+        self._load_error: Optional[BaseException] = None
+        self.alive = False
+        self.prompt_cache = (
+            PromptCache(config.prompt_cache_bytes)
+            if config.prompt_cache_bytes > 0
+            else None
+        )
+        self._thread = threading.Thread(
+            target=self._run, name="mlx-dflash-gen", daemon=True
+        )
+
+    # ---- lifecycle -------------------------------------------------------------
+
+    def start(self) -> "Engine":
+        self._thread.start()
+        self._ready.wait()
+        if self._load_error is not None:
+            raise self._load_error
+        return self
+
+    def stop(self):
+        self._queue.put(None)
+        self._thread.join(timeout=30)
+
+    def _run(self):
+        try:
+            self.target, self.tokenizer, self.drafter, self.block_size = (
+                self._provider()
+            )
+            if self.config.max_context is None:
+                args = getattr(self.target.lm, "args", None)
+                self.config.max_context = getattr(args, "max_position_embeddings", None)
+            self.alive = True
+        except BaseException as e:  # noqa: BLE001 - reported to start()
+            self._load_error = e
+        finally:
+            self._ready.set()
+        while self.alive:
+            job = self._queue.get()
+            if job is None:
+                break
+            self.metrics.queue_depth.set(self._queue.qsize())
+            if job.cancelled.is_set():
+                job.emit(Event(finish_reason="cancelled"))
+                continue
+            try:
+                self._generate(job)
+            except Exception as e:  # noqa: BLE001 - the thread keeps serving
+                log.exception("generation failed")
+                job.emit(Event(finish_reason="error", error=f"{type(e).__name__}: {e}"))
+        self.alive = False
+
+    # ---- requests --------------------------------------------------------------
+
+    def engine_name(self, temperature: float) -> str:
+        """What serves a request: speculative or target-only, greedy or sampling."""
+        mode = "greedy" if temperature == 0 else "sampling"
+        speculative = self.block_size > 1 and (mode == "greedy" or SPECULATIVE_SAMPLING)
+        return f"{'speculative' if speculative else 'target'}-{mode}"
+
+    @property
+    def drafter_name(self) -> str:
+        return self.drafter.name if self.block_size > 1 else "none"
+
+    def submit(self, job: Job) -> Job:
+        job.loop = asyncio.get_running_loop()
+        job.events = asyncio.Queue()
+        job.engine = job.engine or self.engine_name(job.temperature)
+        self._queue.put(job)
+        self.metrics.queue_depth.set(self._queue.qsize())
+        return job
+
+    # ---- the generation thread -------------------------------------------------
+
+    def _restore(self, prompt: Sequence[int]):
+        """A cache (and drafter state) holding the longest reusable prefix of `prompt`."""
+        entry, n, trim = (None, 0, 0)
+        if self.prompt_cache is not None:
+            entry, n, trim = self.prompt_cache.fetch(prompt)
+        if entry is None:
+            self.metrics.cache_misses.inc()
+            return self.target.make_cache(), 0
+        if trim:
+            trim_prompt_cache(entry.cache, trim)
+        load_drafter(self.drafter, entry.drafter_state)
+        if trim:
+            self.drafter.trim(trim)
+        self.metrics.cache_hits.inc()
+        return entry.cache, n
+
+    def _generate(self, job: Job):
+        target, tok = self.target, self.tokenizer
+        prompt = list(job.prompt)
+        eos = set(tok.eos_token_ids)
+        cache, cached = self._restore(prompt)
+        trimmable = all(c.is_trimmable() for c in cache)
+        tic = time.perf_counter()
+        run_from = cached
+        if self.prompt_cache is not None and not trimmable and cached < len(prompt) - 1:
+            # An untrimmable (GatedDeltaNet) cache can't be cut back later, so
+            # keep a snapshot of prompt[:-1]: it serves retries of this prompt
+            # and follow-ups whose history differs from our raw output.
+            prefill(
+                target,
+                cache,
+                self.drafter,
+                prompt[:-1],
+                cached=cached,
+                step_size=self.config.prefill_step_size,
+            )
+            run_from = len(prompt) - 1
+            self.prompt_cache.insert(
+                prompt[:-1],
+                copy.deepcopy(cache),
+                save_drafter(self.drafter, copy_state=True),
+            )
+        speculative = job.engine.startswith("speculative")
+        stats = SpecStats(self.block_size if speculative else 1)
+        common = dict(
+            cache=cache,
+            max_tokens=job.max_tokens,
+            stop_tokens=eos,
+            prefill_step_size=self.config.prefill_step_size,
+            cached=run_from,
+        )
+        if job.temperature == 0 or SPECULATIVE_SAMPLING:
+            if job.temperature > 0:
+                common["sampling"] = SamplingParams(
+                    temperature=job.temperature,
+                    top_p=job.top_p,
+                    top_k=job.top_k,
+                    min_p=job.min_p,
+                    seed=job.seed,
+                )
+            steps = generate_step(
+                target,
+                prompt,
+                self.drafter,
+                stats=stats,
+                block_size=stats.block_size,
+                **common,
+            )
+        else:
+            if job.seed is not None:
+                mx.random.seed(job.seed)
+            sampler = make_sampler(
+                job.temperature, top_p=job.top_p, top_k=job.top_k, min_p=job.min_p
+            )
+            steps = sample_step(target, prompt, self.drafter, sampler=sampler, **common)
+
+        detok = tok.detokenizer
+        out: List[int] = []
+        cancelled = False
+        prefill_s = 0.0
+        for token, *_ in steps:
+            if not out:
+                prefill_s = time.perf_counter() - tic
+                tic = time.perf_counter()
+            out.append(token)
+            if token not in eos:
+                detok.add_token(token)
+                piece = detok.last_segment  # reading it consumes it
+                if piece:
+                    job.emit(Event(text=piece, token=token))
+            if job.cancelled.is_set():
+                cancelled = True
+                break
+        gen_s = max(time.perf_counter() - tic, 1e-9)
+        detok.finalize()
+
+        if cancelled:
+            finish = "cancelled"
+        else:
+            finish = "stop" if out and out[-1] in eos else "length"
+            if self.prompt_cache is not None:
+                # The cache and drafter now hold exactly prompt + out[:-1].
+                self.prompt_cache.insert(
+                    prompt + out[:-1],
+                    cache,
+                    save_drafter(self.drafter, copy_state=False),
+                )
+        usage = {
+            "prompt_tokens": len(prompt),
+            "cached_tokens": cached,
+            "completion_tokens": len(out),
+            "prefill_seconds": round(prefill_s, 4),
+            "prefill_tps": round((len(prompt) - cached) / max(prefill_s, 1e-9), 2),
+            "generation_tps": round(len(out) / gen_s, 2),
+            "engine": job.engine,
+            "drafter": self.drafter_name if speculative else "none",
+            "block_size": stats.block_size,
+            "spec": stats.as_dict() if stats.block_size > 1 else None,
+        }
+        self._record(job, finish, usage, stats, prefill_s)
+        job.emit(Event(text=detok.last_segment, finish_reason=finish, usage=usage))
+
+    def _record(self, job, finish, usage, stats, prefill_s):
+        m = self.metrics
+        m.generations.labels(job.engine, finish).inc()
+        m.prompt_tokens.inc(usage["prompt_tokens"])
+        m.cached_tokens.inc(usage["cached_tokens"])
+        m.generation_tokens.inc(usage["completion_tokens"])
+        m.prefill_seconds.observe(prefill_s)
+        m.generation_tps.set(usage["generation_tps"])
+        if stats.cycles:
+            m.drafted.inc(stats.drafted)
+            m.accepted.inc(stats.accepted)
+            m.cycles.inc(stats.cycles)
+            m.tau.set(stats.tau)
+            m.acceptance.set(stats.acceptance_rate)
+        if self.prompt_cache is not None:
+            m.cache_bytes.set(self.prompt_cache.nbytes)

@@ -1,0 +1,611 @@
+"""The HTTP server on loopback, driven by the official openai and anthropic SDKs.
+
+Tiny random fp32 models with a character-level chat tokenizer; a scripted
+"bigram" target makes reasoning and tool calls happen on cue.
+"""
+
+import copy
+import json
+import threading
+import time
+
+import anthropic
+import httpx
+import mlx.core as mx
+import mlx.nn as nn
+import openai
+import pytest
+import uvicorn
+from mlx.utils import tree_map
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+from mlx_lm.tool_parsers import json_tools
+from mlx_lm.utils import _get_classes
+from models import CONFIGS
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from mlx_dflash.decode import generate_step
+from mlx_dflash.drafters import PromptLookupDrafter
+from mlx_dflash.server import Engine, EngineConfig, create_app
+from mlx_dflash.target import Target
+
+SPECIALS = ["<unk>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
+THINK = ["<think>", "</think>"]
+TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n"
+    "{% if messages[0].role == 'system' %}{{ messages[0].content }}\n{% endif %}"
+    "Tools:{% for t in tools %}\n{{ t | tojson }}{% endfor %}<|im_end|>\n{% endif %}"
+    "{%- for m in messages %}{% if not (tools and loop.first and m.role == 'system') %}"
+    "<|im_start|>{{ m.role }}\n{{ m.content or '' }}"
+    "{% for tc in m.tool_calls or [] %}<tool_call>"
+    '{"name": "{{ tc.function.name }}", "arguments": {{ tc.function.arguments | tojson }}}'
+    "</tool_call>{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def make_tokenizer(words=(), think=False) -> TokenizerWrapper:
+    """Character-level tokenizer (+ whole-word tokens) with a chatml tool template."""
+    specials = SPECIALS + (THINK if think else [])
+    chars = ["\n"] + [chr(c) for c in range(32, 127)]
+    vocab = {t: i for i, t in enumerate(specials + list(words) + chars)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(specials[1:])
+    tok.add_tokens(list(words))
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        unk_token="<unk>",
+        chat_template=TEMPLATE,
+    )
+    return TokenizerWrapper(
+        hf,
+        tool_parser=json_tools.parse_tool_call,
+        tool_call_start="<tool_call>",
+        tool_call_end="</tool_call>",
+    )
+
+
+def tiny_model(family: str, vocab: int, seed: int = 0) -> nn.Module:
+    """tests/models.py's tiny model, with the vocabulary of our tokenizer."""
+    config = copy.deepcopy(CONFIGS[family])
+    config.get("text_config", config)["vocab_size"] = vocab
+    model_cls, args_cls = _get_classes(config)
+    mx.random.seed(seed)
+    model = model_cls(args_cls.from_dict(config))
+    model.update(tree_map(lambda p: p * 3.0 if p.ndim == 2 else p, model.parameters()))
+    model.set_dtype(mx.float32)
+    mx.eval(model.parameters())
+    return model
+
+
+class _Backbone(nn.Module):
+    def __init__(self, vocab):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(vocab, vocab)
+        self.embed_tokens.weight = mx.eye(vocab)
+        self.layers = []
+
+    def __call__(self, tokens, cache=None):
+        return self.embed_tokens(tokens)
+
+
+class ScriptedModel(nn.Module):
+    """Greedy output follows a fixed chain: the token after `a` is `script[a]`."""
+
+    def __init__(self, vocab, script: dict, default: int):
+        super().__init__()
+        self.model = _Backbone(vocab)
+        self.lm_head = nn.Linear(vocab, vocab, bias=False)
+        w = mx.zeros((vocab, vocab))
+        nxt = [script.get(a, default) for a in range(vocab)]
+        w[mx.array(nxt), mx.arange(vocab)] = 10.0
+        self.lm_head.weight = w
+        # Evaluate here: a lazy graph built on this thread can't run on another.
+        mx.eval(self.parameters())
+
+
+class LiveServer:
+    """uvicorn on 127.0.0.1, port 0, in a thread."""
+
+    def __init__(self, provider, *, api_key=None, **config):
+        self.engine = Engine(
+            provider, EngineConfig(model_name="tiny", **config)
+        ).start()
+        app = create_app(self.engine, api_key=api_key)
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning")
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.01)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        key = api_key or "unused"
+        self.openai = openai.OpenAI(
+            base_url=self.url + "/v1", api_key=key, max_retries=0
+        )
+        self.anthropic = anthropic.Anthropic(
+            base_url=self.url, api_key=key, max_retries=0
+        )
+
+    def close(self):
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.engine.stop()
+
+
+def random_provider(family="qwen3", block_size=4):
+    tok = make_tokenizer()
+    target = Target(tiny_model(family, len(tok)))
+    return lambda: (target, tok, PromptLookupDrafter(), block_size)
+
+
+@pytest.fixture(scope="module")
+def srv():
+    s = LiveServer(random_provider())
+    yield s
+    s.close()
+
+
+def expected(srv, prompt, max_tokens):
+    """The core path's tokens and text for `prompt` (token ids)."""
+    tok = srv.engine.tokenizer
+    out = []
+    for t, _ in generate_step(
+        srv.engine.target,
+        prompt,
+        PromptLookupDrafter(),
+        max_tokens=max_tokens,
+        block_size=4,
+        stop_tokens=tok.eos_token_ids,
+    ):
+        out.append(t)
+    body = [t for t in out if t not in tok.eos_token_ids]
+    return out, tok.decode(body)
+
+
+MESSAGES = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Count: one two three one two three one two"},
+]
+
+
+def chat_prompt(srv, messages, tools=None):
+    return srv.engine.tokenizer.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=True
+    )
+
+
+# ---- OpenAI ----------------------------------------------------------------------
+
+
+def test_chat_matches_generate(srv):
+    tokens, text = expected(srv, chat_prompt(srv, MESSAGES), 20)
+    raw = srv.openai.chat.completions.with_raw_response.create(
+        model="tiny", messages=MESSAGES, max_tokens=20
+    )
+    r = raw.parse()
+    assert raw.headers["x-mlx-dflash-engine"] == "speculative-greedy"
+    assert raw.headers["x-mlx-dflash-drafter"] == "lookup"
+    assert r.choices[0].message.content == text
+    assert r.choices[0].finish_reason == ("length" if len(tokens) == 20 else "stop")
+    assert r.usage.completion_tokens == len(tokens)
+    assert r.usage.prompt_tokens == len(chat_prompt(srv, MESSAGES))
+    assert r.model_extra["mlx_dflash"]["engine"] == "speculative-greedy"
+
+    chunks = list(
+        srv.openai.chat.completions.create(
+            model="tiny",
+            messages=MESSAGES,
+            max_tokens=20,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == text
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finals[-1] == r.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(
+        tokens
+    )
+    # The second identical request reused the prompt cache.
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_completions_match_generate(srv):
+    prompt = "one two three one two three"
+    tokens, text = expected(srv, srv.engine.tokenizer.encode(prompt), 16)
+    r = srv.openai.completions.create(model="tiny", prompt=prompt, max_tokens=16)
+    assert r.choices[0].text == text
+    assert r.usage.completion_tokens == len(tokens)
+    chunks = list(
+        srv.openai.completions.create(
+            model="tiny", prompt=prompt, max_tokens=16, stream=True
+        )
+    )
+    assert "".join(c.choices[0].text for c in chunks) == text
+    assert chunks[-1].choices[0].finish_reason == r.choices[0].finish_reason
+
+
+def test_stop_sequence(srv):
+    _, text = expected(srv, chat_prompt(srv, MESSAGES), 20)
+    stop = text[3:5]
+    cut = text[: text.index(stop)]
+    r = srv.openai.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=20, stop=[stop]
+    )
+    assert r.choices[0].message.content == cut
+    assert r.choices[0].finish_reason == "stop"
+    m = srv.anthropic.messages.create(
+        model="claude-local",
+        max_tokens=20,
+        system=MESSAGES[0]["content"],
+        messages=MESSAGES[1:],
+        stop_sequences=[stop],
+    )
+    assert m.stop_reason == "stop_sequence" and m.stop_sequence == stop
+    assert "".join(b.text for b in m.content) == cut
+
+
+def test_sampling_says_which_engine_served_it(srv):
+    want = srv.engine.engine_name(0.7)
+    assert want in ("speculative-sampling", "target-sampling")
+    raw = srv.openai.chat.completions.with_raw_response.create(
+        model="tiny", messages=MESSAGES, max_tokens=8, temperature=0.7, seed=1
+    )
+    assert raw.headers["x-mlx-dflash-engine"] == want
+    assert raw.parse().model_extra["mlx_dflash"]["engine"] == want
+    m = srv.anthropic.messages.with_raw_response.create(
+        model="claude-x",
+        max_tokens=8,
+        messages=MESSAGES[1:],
+        extra_body={"temperature": 0.5},
+    )
+    assert m.headers["x-mlx-dflash-engine"] == want
+
+
+def test_models_health_metrics(srv):
+    models = srv.openai.models.list().data
+    assert models[0].id == "tiny"
+    assert models[0].model_extra["mlx_dflash"]["drafter"] == "lookup"
+    assert srv.anthropic.models.list().data[0].id == "tiny"
+    assert httpx.get(srv.url + "/health").json() == {"status": "ok"}
+    srv.openai.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4)
+    text = httpx.get(srv.url + "/metrics").text
+    for name in (
+        "mlx_dflash_generation_tokens_total",
+        "mlx_dflash_queue_depth",
+        "mlx_dflash_last_tau",
+        "mlx_dflash_prompt_cache_hits_total",
+        "mlx_dflash_accepted_tokens_total",
+    ):
+        assert name in text
+
+
+# ---- Anthropic -------------------------------------------------------------------
+
+
+def test_messages_match_generate(srv):
+    tokens, text = expected(srv, chat_prompt(srv, MESSAGES), 20)
+    kwargs = dict(
+        model="claude-local",
+        max_tokens=20,
+        system=[{"type": "text", "text": MESSAGES[0]["content"]}],
+        messages=[{"role": "user", "content": MESSAGES[1]["content"]}],
+    )
+    m = srv.anthropic.messages.create(**kwargs)
+    assert m.content[0].type == "text" and m.content[0].text == text
+    assert m.stop_reason == ("max_tokens" if len(tokens) == 20 else "end_turn")
+    assert m.usage.output_tokens == len(tokens)
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == len(
+        chat_prompt(srv, MESSAGES)
+    )
+
+    with srv.anthropic.messages.stream(**kwargs) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    kinds = [e.type for e in events]
+    assert kinds[0] == "message_start" and "content_block_start" in kinds
+    assert final.content[0].text == text and final.stop_reason == m.stop_reason
+
+    n = srv.anthropic.messages.count_tokens(
+        model="claude-local", system=MESSAGES[0]["content"], messages=MESSAGES[1:]
+    )
+    assert n.input_tokens == len(chat_prompt(srv, MESSAGES))
+
+
+def test_billing_header_is_normalised(srv):
+    def ask(nonce):
+        system = [
+            {
+                "type": "text",
+                "text": f"x-anthropic-billing-header: cc_version=2.1.1"
+                f".{nonce}; cc_entrypoint=cli; cch={nonce}ab;",
+            },
+            {"type": "text", "text": "You are terse."},
+        ]
+        return srv.anthropic.messages.count_tokens(
+            model="claude-x", system=system, messages=MESSAGES[1:]
+        ).input_tokens
+
+    assert ask("abc") == ask("f01")
+
+
+# ---- bad input --------------------------------------------------------------------
+
+
+def _post(srv, path, body, **kw):
+    data = body if isinstance(body, (str, bytes)) else json.dumps(body)
+    return httpx.post(
+        srv.url + path, content=data, headers={"content-type": "application/json"}, **kw
+    )
+
+
+def test_bad_inputs_get_4xx_in_each_api_format(srv):
+    good_oa = {"model": "tiny", "messages": MESSAGES, "max_tokens": 4}
+    good_an = {"model": "claude-3", "max_tokens": 4, "messages": MESSAGES[1:]}
+    long_text = "x " * 5000
+    cases = [
+        ("/v1/chat/completions", "{not json", 400),
+        ("/v1/chat/completions", {**good_oa, "messages": "hi"}, 400),
+        ("/v1/chat/completions", {**good_oa, "bogus": 1}, 400),
+        ("/v1/chat/completions", {**good_oa, "messages": []}, 400),
+        ("/v1/chat/completions", {**good_oa, "max_tokens": 0}, 400),
+        ("/v1/chat/completions", {**good_oa, "model": "gpt-nope"}, 404),
+        ("/v1/chat/completions", {**good_oa, "n": 2}, 400),
+        (
+            "/v1/chat/completions",
+            {**good_oa, "messages": [{"role": "user", "content": long_text}]},
+            400,
+        ),
+        ("/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": -1}, 400),
+        ("/v1/messages", "{not json", 400),
+        ("/v1/messages", {**good_an, "max_tokens": 0}, 400),
+        ("/v1/messages", {k: v for k, v in good_an.items() if k != "max_tokens"}, 400),
+        ("/v1/messages", {**good_an, "messages": []}, 400),
+        ("/v1/messages", {**good_an, "bogus": True}, 400),
+        ("/v1/messages", {**good_an, "model": "gpt-nope"}, 404),
+        (
+            "/v1/messages",
+            {**good_an, "messages": [{"role": "robot", "content": "x"}]},
+            400,
+        ),
+        (
+            "/v1/messages",
+            {**good_an, "messages": [{"role": "user", "content": long_text}]},
+            400,
+        ),
+    ]
+    for path, body, status in cases:
+        r = _post(srv, path, body)
+        assert r.status_code == status, (
+            path,
+            body if len(str(body)) < 200 else "...",
+            r.text,
+        )
+        err = r.json()
+        if path.startswith("/v1/messages"):
+            assert err["type"] == "error" and err["error"]["message"]
+            assert err["error"]["type"] in ("invalid_request_error", "not_found_error")
+        else:
+            assert set(err["error"]) == {"message", "type", "param", "code"}
+    with pytest.raises(openai.BadRequestError):
+        srv.openai.chat.completions.create(model="tiny", messages=[], max_tokens=4)
+    with pytest.raises(anthropic.BadRequestError):
+        srv.anthropic.messages.create(
+            model="claude-x", max_tokens=0, messages=MESSAGES[1:]
+        )
+    # ... and the server keeps serving.
+    assert (
+        srv.openai.chat.completions.create(
+            model="tiny", messages=MESSAGES, max_tokens=4
+        )
+        .choices[0]
+        .finish_reason
+    )
+
+
+def test_client_disconnect_cancels(srv):
+    body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 400, "stream": True}
+    with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body) as r:
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                break  # closes the connection mid-stream
+    deadline = time.time() + 20
+    while "cancelled" not in httpx.get(srv.url + "/metrics").text:
+        assert time.time() < deadline, "generation was not cancelled"
+        time.sleep(0.1)
+    assert (
+        srv.openai.chat.completions.create(
+            model="tiny", messages=MESSAGES, max_tokens=4
+        )
+        .choices[0]
+        .finish_reason
+    )
+
+
+def test_api_key():
+    s = LiveServer(random_provider(), api_key="sekret")
+    try:
+        assert httpx.get(s.url + "/health").status_code == 200
+        r = httpx.get(s.url + "/v1/models")
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        r = _post(
+            s,
+            "/v1/messages",
+            {"model": "claude-x", "max_tokens": 2, "messages": MESSAGES[1:]},
+        )
+        assert (
+            r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        )
+        assert s.openai.models.list().data[0].id == "tiny"
+        assert (
+            s.anthropic.messages.create(
+                model="claude-x", max_tokens=2, messages=MESSAGES[1:]
+            ).content
+            is not None
+        )
+    finally:
+        s.close()
+
+
+# ---- tool calls (scripted target) ---------------------------------------------------
+
+CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+TOOLS_OA = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+            },
+        },
+    }
+]
+TOOLS_AN = [
+    {
+        "name": "get_weather",
+        "description": "Weather for a city",
+        "input_schema": TOOLS_OA[0]["function"]["parameters"],
+    }
+]
+
+
+@pytest.fixture(scope="module")
+def tool_srv():
+    words = ["hmm, weather", "Let me check.", CALL]
+    tok = make_tokenizer(words, think=True)
+    ids = {
+        w: tok.convert_tokens_to_ids(w)
+        for w in [
+            "\n",
+            "<think>",
+            "</think>",
+            "<tool_call>",
+            "</tool_call>",
+            "<|im_end|>",
+            *words,
+        ]
+    }
+    chain = [
+        "\n",
+        "<think>",
+        "hmm, weather",
+        "</think>",
+        "Let me check.",
+        "<tool_call>",
+        CALL,
+        "</tool_call>",
+        "<|im_end|>",
+    ]
+    script = {ids[a]: ids[b] for a, b in zip(chain, chain[1:])}
+    target = Target(ScriptedModel(len(tok), script, default=ids["<|im_end|>"]))
+    s = LiveServer(lambda: (target, tok, PromptLookupDrafter(), 4))
+    yield s
+    s.close()
+
+
+def test_tool_calls_openai(tool_srv):
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    r = tool_srv.openai.chat.completions.create(
+        model="tiny", messages=msgs, tools=TOOLS_OA, max_tokens=30
+    )
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == "Let me check."
+    assert choice.message.model_extra["reasoning_content"] == "hmm, weather"
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+
+    chunks = list(
+        tool_srv.openai.chat.completions.create(
+            model="tiny", messages=msgs, tools=TOOLS_OA, max_tokens=30, stream=True
+        )
+    )
+    deltas = [c.choices[0].delta for c in chunks]
+    calls = [tc for d in deltas for tc in (d.tool_calls or [])]
+    assert len(calls) == 1 and calls[0].index == 0 and calls[0].id
+    assert json.loads(calls[0].function.arguments) == {"city": "Paris"}
+    assert "".join(d.content or "" for d in deltas) == "Let me check."
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+    # The tool result goes back in; the template renders the call and the result.
+    msgs += [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny"},
+    ]
+    msgs[1].pop("reasoning_content", None)
+    r2 = tool_srv.openai.chat.completions.create(
+        model="tiny", messages=msgs, tools=TOOLS_OA, max_tokens=30
+    )
+    assert r2.choices[0].finish_reason == "tool_calls"
+
+
+def test_tool_calls_anthropic(tool_srv):
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    m = tool_srv.anthropic.messages.create(
+        model="claude-local", max_tokens=30, tools=TOOLS_AN, messages=msgs
+    )
+    assert [b.type for b in m.content] == ["thinking", "text", "tool_use"]
+    assert m.content[0].thinking == "hmm, weather"
+    assert m.content[1].text == "Let me check."
+    assert m.content[2].name == "get_weather" and m.content[2].input == {
+        "city": "Paris"
+    }
+    assert m.stop_reason == "tool_use"
+
+    with tool_srv.anthropic.messages.stream(
+        model="claude-local", max_tokens=30, tools=TOOLS_AN, messages=msgs
+    ) as stream:
+        final = stream.get_final_message()
+    assert [b.type for b in final.content] == ["thinking", "text", "tool_use"]
+    assert final.content[2].input == {"city": "Paris"}
+    assert final.stop_reason == "tool_use"
+
+    msgs += [
+        {"role": "assistant", "content": [b.model_dump() for b in m.content]},
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": m.content[2].id,
+                    "content": "sunny",
+                }
+            ],
+        },
+    ]
+    m2 = tool_srv.anthropic.messages.create(
+        model="claude-local", max_tokens=30, tools=TOOLS_AN, messages=msgs
+    )
+    assert m2.stop_reason == "tool_use"
+
+
+def test_output_parser_handles_markers_split_across_pieces():
+    from mlx_dflash.server.output import OutputParser
+
+    p = OutputParser(
+        think=("<think>", "</think>"),
+        tool=("<tool_call>", "</tool_call>"),
+        stop=["STOP"],
+    )
+    text = '<think>why</think>Hi <tool_call>{"a": 1}</tool_call> there ST'
+    segs = []
+    for i in range(0, len(text), 3):  # cut every marker somewhere
+        segs += p.feed(text[i : i + 3])
+    segs += p.feed("OP and more", final=True)
+    joined = {}
+    for kind, t in segs:
+        joined[kind] = joined.get(kind, "") + t
+    assert joined == {"reasoning": "why", "normal": "Hi  there "}
+    assert p.tool_calls == ['{"a": 1}'] and p.stopped_by == "STOP"
