@@ -1,0 +1,195 @@
+"""Report writers: one JSON with everything, a Markdown table, a PNG plot."""
+
+import json
+import platform
+import subprocess
+from pathlib import Path
+from typing import List
+
+NOTES = (
+    "decode tok/s: tokens after the first / time after the first token (prefill excluded). "
+    "TTFT: prompt in to first token out. speedup: DFlash decode tok/s / stock mlx_lm decode "
+    "tok/s, paired per repeat. tau: mean accepted length per cycle incl. the bonus token. "
+    "acc/drafted: accepted draft tokens / drafted tokens (per drafted token). "
+    "share from draft: emitted tokens that came from the draft / emitted tokens (NOT an "
+    "acceptance rate). ideal = tau * t_AR / (t_draft + t_verify), from the same run's "
+    "baseline per-token time and the warm draft/verify forwards; efficiency = speedup / ideal. "
+    "cycle = measured decode time / cycles; overhead = cycle - draft - verify. "
+    "verify@new-len: first 16-token forward at a new key length (includes any JIT compile). "
+    "cold ×: speedup of the arm's first run, which meets every key length for the first time "
+    "(timed runs repeat lengths already seen in warm-up)."
+)
+
+
+def environment() -> dict:
+    import mlx.core as mx
+    import mlx_lm
+
+    env = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or None,
+        "mlx": mx.__version__,
+        "mlx_lm": mlx_lm.__version__,
+        "device": str(mx.default_device()),
+    }
+    try:
+        from importlib.metadata import version
+
+        env["mlx_dflash"] = version("mlx-dflash")
+    except Exception:
+        env["mlx_dflash"] = None
+    try:
+        info = mx.device_info()
+        env["device_info"] = {k: v for k, v in info.items() if isinstance(v, (int, str, float))}
+    except Exception:
+        pass
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        if out.returncode == 0:
+            env["gpu"] = out.stdout.strip()
+    except Exception:
+        pass
+    try:
+        import os
+
+        env["cpu_count"] = os.cpu_count()
+    except Exception:
+        pass
+    return env
+
+
+def _mmm(s: dict, fmt: str = "{:.1f}") -> str:
+    return f"{fmt.format(s['median'])} [{fmt.format(s['min'])}–{fmt.format(s['max'])}]"
+
+
+def rows(results: dict) -> List[List[str]]:
+    out = []
+    for c in results["cases"]:
+        b = c["baseline"]
+        case = f"{c['suite']}/{c['name']} ({c['prompt_tokens']}+{c['max_tokens']})"
+        out.append(
+            [case, "mlx_lm (stock)", _mmm(b["decode_tps"]), "1.00", _mmm(b["ttft_s"], "{:.3f}"),
+             "", "", "", "", "", f"{b['peak_memory_gb']:.2f}", f"{b['t_ar_ms']:.1f}",
+             "", "", "", "", "", "", ""]
+        )
+        for name, a in c["arms"].items():
+            sp, tm, p = a["spec"], a["token_match"], a.get("profile") or {}
+            div = "—" if tm["first_divergence"] is None else str(tm["first_divergence"])
+            out.append(
+                [case, name, _mmm(a["decode_tps"]), _mmm(a["speedup"], "{:.2f}"),
+                 _mmm(a["ttft_s"], "{:.3f}"), f"{sp['tau']:.2f}", f"{sp['acceptance_rate']:.3f}",
+                 f"{sp['draft_share']:.3f}", f"{tm['equal_pct']:.1f}", div,
+                 f"{a['peak_memory_gb']:.2f}",
+                 f"{p.get('t_ar_ms', float('nan')):.1f}", f"{p.get('draft_ms', float('nan')):.1f}",
+                 f"{p.get('verify_ms', float('nan')):.1f}",
+                 f"{p.get('verify_new_len_ms', float('nan')):.1f}",
+                 f"{p.get('cycle_ms', float('nan')):.1f}",
+                 f"{a.get('ideal_speedup', float('nan')):.2f}",
+                 f"{a.get('efficiency', float('nan')):.2f}",
+                 f"{a.get('cold_speedup', float('nan')):.2f}"]
+            )
+    return out
+
+
+HEADER = [
+    "case (prompt+gen tokens)", "decoder", "decode tok/s med [min–max]", "speedup med [min–max]",
+    "TTFT s", "τ", "acc/drafted", "share from draft", "match %", "1st div.", "peak GB",
+    "AR ms", "draft ms", "verify ms", "verify@new-len ms", "cycle ms", "ideal ×", "efficiency", "cold ×",
+]
+
+
+def markdown(results: dict, command: str) -> str:
+    cfg, env = results["settings"], results["environment"]
+    lines = [f"# {results['title']}", "", "Command:", "", "```", command, "```", ""]
+    lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows(results)]
+    lines += ["", NOTES, "", "## Per-position acceptance (P(position i accepted | drafted))", ""]
+    for c in results["cases"]:
+        for name, a in c["arms"].items():
+            pp = a["spec"]["per_position_acceptance"]
+            lines.append(f"- {c['suite']}/{c['name']} {name}: " + " ".join(f"{p:.2f}" for p in pp))
+    lines += ["", "## Settings", "", "```json", json.dumps(cfg, indent=1), "```"]
+    lines += ["", "## Environment", "", "```json", json.dumps(env, indent=1), "```", ""]
+    return "\n".join(lines)
+
+
+def table(results: dict) -> str:
+    """Compact plain-text table for the terminal."""
+    keep = [0, 1, 2, 3, 5, 6, 7, 8, 12, 13, 14, 15, 16, 17, 18]
+    hdr = [HEADER[i] for i in keep]
+    body = [[r[i] for i in keep] for r in rows(results)]
+    widths = [max(len(x) for x in col) for col in zip(hdr, *body)]
+    fmt = lambda r: "  ".join(x.ljust(w) for x, w in zip(r, widths))
+    return "\n".join([fmt(hdr), fmt(["-" * w for w in widths])] + [fmt(r) for r in body])
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels, sp, lo, hi, taus = [], [], [], [], []
+    for c in results["cases"]:
+        for name, a in c["arms"].items():
+            labels.append(f"{c['suite']}/{c['name']}\n{name}")
+            s = a["speedup"]
+            sp.append(s["median"])
+            lo.append(s["median"] - s["min"])
+            hi.append(s["max"] - s["median"])
+            taus.append(a["spec"]["tau"])
+    lengths = {}
+    for c in results["cases"]:
+        lengths.setdefault("mlx_lm (stock)", []).append(
+            (c["max_tokens"], c["baseline"]["decode_tps"]["median"])
+        )
+        for name, a in c["arms"].items():
+            lengths.setdefault(name, []).append((c["max_tokens"], a["decode_tps"]["median"]))
+
+    fig, axes = plt.subplots(1, 3, figsize=(max(12, 1.2 * len(labels) + 8), 4.5))
+    x = range(len(labels))
+    axes[0].bar(x, sp, yerr=[lo, hi], capsize=3, color="tab:blue")
+    axes[0].axhline(1.0, color="gray", lw=0.8)
+    axes[0].set_title("speedup vs stock mlx_lm (median, min–max)")
+    axes[1].bar(x, taus, color="tab:orange")
+    axes[1].set_title("τ (mean accepted length incl. bonus)")
+    for ax in axes[:2]:
+        ax.set_xticks(list(x))
+        ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
+    for name, pts in lengths.items():
+        agg = {}
+        for n, v in pts:
+            agg.setdefault(n, []).append(v)
+        ns = sorted(agg)
+        axes[2].plot(ns, [sum(agg[n]) / len(agg[n]) for n in ns], marker="o", label=name)
+    axes[2].set_xlabel("generated tokens")
+    axes[2].set_ylabel("decode tok/s (mean over cases)")
+    axes[2].set_title("tok/s against generated length")
+    axes[2].legend(fontsize=7)
+    fig.suptitle(results["title"], fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(results: dict, stem: Path, command: str, *, png: bool = True) -> List[Path]:
+    """Write stem.json, stem.md and stem.png; return their paths."""
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    results = dict(results, command=command)
+    paths = [stem.with_suffix(".json"), stem.with_suffix(".md")]
+    paths[0].write_text(json.dumps(results, indent=1))
+    md = markdown(results, command)
+    if png:
+        paths.append(stem.with_suffix(".png"))
+        plot(results, paths[2])
+        md = md.replace("## Per-position", f"![plot]({paths[2].name})\n\n## Per-position", 1)
+    paths[1].write_text(md)
+    return paths

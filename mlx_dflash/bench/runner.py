@@ -1,0 +1,336 @@
+"""Run stock mlx_lm and speculative decoding on the same prompt ids, alternating.
+
+One `Case` is one prompt at one generation length. For it we run:
+  - the baseline: `mlx_lm.generate.generate_step` (stock, greedy, EOS off);
+  - one arm per drafter setting (e.g. engine mode at tau = 4, 6.5, 9);
+  - a profile of the cycle's parts (warm verify / draft forwards, and the
+    first call at a new key length, which shows JIT compiles on CUDA).
+Warm-up runs come first and are never timed; then `repeats` rounds whose arm
+order alternates (stats.run_order), with a cooldown between runs.
+"""
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import mlx.core as mx
+from mlx_lm.generate import generate_step as mlx_generate_step
+from mlx_lm.models.cache import ArraysCache
+
+from ..decode import SpecStats, generate_step, prefill
+from ..rollback import rollback, snapshot
+from ..target import Target
+from .stats import ideal_speedup, run_order, summarize, token_match
+
+BASELINE = "mlx_lm"
+
+
+@dataclass
+class Case:
+    suite: str
+    name: str
+    prompt: List[int]
+    max_tokens: int
+
+
+@dataclass
+class Arm:
+    """One speculative setting. `make(reference)` returns a fresh drafter.
+
+    `reference` is prompt + expected output (used by oracle-based drafters).
+    `calibrate`: rerun until the drafter's reference equals the engine's own
+    output (engine mode; keeps the oracle in step where bf16 numerics of a
+    16-token verify and a 1-token step pick different argmaxes).
+    """
+
+    name: str
+    make: Callable[[List[int]], Any]
+    block_size: int = 16
+    tau_target: Optional[float] = None
+    calibrate: bool = False
+
+
+@dataclass
+class RunResult:
+    tokens: List[int]
+    ttft_s: float
+    decode_s: float
+    peak_memory_gb: float
+    stats: Optional[dict] = None
+
+    @property
+    def decode_tps(self) -> float:
+        return (len(self.tokens) - 1) / self.decode_s if self.decode_s > 0 else 0.0
+
+
+def _timed(gen, max_tokens: int):
+    tokens, t_first = [], None
+    tic = time.perf_counter()
+    for tok in gen:
+        tokens.append(int(tok))
+        if t_first is None:
+            t_first = time.perf_counter()
+        if len(tokens) == max_tokens:
+            break
+    toc = time.perf_counter()
+    return tokens, t_first - tic, toc - t_first
+
+
+def _fresh():
+    mx.clear_cache()
+    mx.reset_peak_memory()
+
+
+def run_baseline(target: Target, prompt: Sequence[int], max_tokens: int, prefill_step: int):
+    _fresh()
+    gen = mlx_generate_step(
+        mx.array(prompt), target.model, max_tokens=max_tokens, prefill_step_size=prefill_step
+    )
+    tokens, ttft, dec = _timed((t for t, _ in gen), max_tokens)
+    return RunResult(tokens, ttft, dec, mx.get_peak_memory() / 1e9)
+
+
+def run_spec(
+    target: Target, prompt: Sequence[int], drafter, max_tokens: int, block: int, prefill_step: int
+):
+    _fresh()
+    stats = SpecStats(block)
+    gen = generate_step(
+        target,
+        prompt,
+        drafter,
+        max_tokens=max_tokens,
+        block_size=block,
+        prefill_step_size=prefill_step,
+        stats=stats,
+    )
+    tokens, ttft, dec = _timed((t for t, _ in gen), max_tokens)
+    d = stats.as_dict()
+    d["tau_decode"] = d["tau"]
+    return RunResult(tokens, ttft, dec, mx.get_peak_memory() / 1e9, d)
+
+
+# ---- profile of the cycle's parts ------------------------------------------------
+
+
+def _save(cache):
+    return [list(c.cache) if isinstance(c, ArraysCache) else c.offset for c in cache]
+
+
+def _restore(cache, saved):
+    for c, s in zip(cache, saved):
+        if isinstance(c, ArraysCache):
+            c.cache[:] = s
+        else:
+            c.trim(c.offset - s)
+
+
+def _ms(f, reps: int) -> List[float]:
+    out = []
+    for _ in range(reps):
+        tic = time.perf_counter()
+        f()
+        out.append((time.perf_counter() - tic) * 1e3)
+    return out
+
+
+def profile_cycle(
+    target: Target, prompt: Sequence[int], drafter, block: int, *, reps: int = 10, new_lengths: int = 4
+) -> Dict[str, float]:
+    """Median ms of the cycle's parts at the prompt's length.
+
+    verify_ms / draft_ms / fwd1_ms: warm forwards at one fixed key length
+    (B tokens through the target with argmax; the drafter's propose; one
+    target token). *_new_len_ms: first call at each of `new_lengths` new key
+    lengths, as the decode loop sees them (on CUDA this includes the JIT
+    compile of 16-query attention for that length).
+    """
+    cache = target.make_cache()
+    has_draft = drafter is not None and hasattr(drafter, "dflash")
+    sink = drafter if drafter is not None else _NullDrafter()
+    logits = prefill(target, cache, sink, prompt)
+    anchor = int(mx.argmax(logits, axis=-1).item())
+    block_in = mx.array([[anchor] + [(anchor + i) % 7 for i in range(1, block)]], mx.uint32)
+    one = mx.array([[anchor]], mx.uint32)
+
+    def fwd(tokens):
+        saved = _save(cache)
+        logits, _ = target.forward(tokens, cache)
+        mx.eval(mx.argmax(logits, axis=-1))
+        _restore(cache, saved)
+
+    def draft():
+        mx.eval(drafter.dflash.propose(anchor, block - 1))
+
+    out = {}
+    fwd(block_in), fwd(one)  # compile for this length
+    out["verify_ms"] = summarize(_ms(lambda: fwd(block_in), reps))["median"]
+    out["fwd1_ms"] = summarize(_ms(lambda: fwd(one), reps))["median"]
+    if has_draft:
+        draft()
+        out["draft_ms"] = summarize(_ms(draft, reps))["median"]
+    else:
+        out["draft_ms"] = 0.0
+
+    # First calls at new key lengths: advance every cache by one token each time.
+    v_new, d_new = [], []
+    for _ in range(new_lengths):
+        saved = snapshot(cache, target.delta_taps)
+        tic = time.perf_counter()
+        logits, features = target.forward(block_in, cache)
+        mx.eval(mx.argmax(logits, axis=-1))
+        v_new.append((time.perf_counter() - tic) * 1e3)
+        rollback(cache, target.delta_taps, saved, verified=block, kept=1)
+        sink.commit([anchor], None if features is None else features[:, :1])
+        if has_draft:
+            tic = time.perf_counter()
+            draft()
+            d_new.append((time.perf_counter() - tic) * 1e3)
+    out["verify_new_len_ms"] = summarize(v_new)["median"]
+    out["draft_new_len_ms"] = summarize(d_new)["median"] if d_new else 0.0
+    del cache
+    mx.clear_cache()
+    return out
+
+
+class _NullDrafter:
+    capture_layers = ()
+
+    def start(self, prompt):
+        pass
+
+    def commit(self, tokens, features):
+        pass
+
+
+# ---- one case --------------------------------------------------------------------
+
+
+def run_case(
+    target: Target,
+    case: Case,
+    arms: Sequence[Arm],
+    *,
+    repeats: int = 5,
+    cooldown: float = 1.0,
+    prefill_step: int = 2048,
+    profile: bool = True,
+    on_run: Optional[Callable[[str], None]] = None,
+) -> dict:
+    """Warm up, profile, calibrate, then time `repeats` alternating rounds."""
+    note = on_run or (lambda _: None)
+    N = case.max_tokens
+
+    # Warm-up, untimed: also gives the reference output.
+    run_baseline(target, case.prompt, min(N, 8), prefill_step)
+    ref = run_baseline(target, case.prompt, N, prefill_step).tokens
+    note("warm-up")
+
+    # Profile before any speculative run, so the first call at a new key
+    # length still includes its compile where the backend JIT-compiles.
+    profiles = {}
+    if profile:
+        for arm in arms:
+            drafter = arm.make(list(case.prompt) + ref)
+            profiles[arm.name] = profile_cycle(target, case.prompt, drafter, arm.block_size)
+        note("profile")
+
+    # The first spec run of an arm meets every key length for the first time
+    # (on CUDA: JIT compiles); it is kept as the "cold" run, never in medians.
+    references, calibration = {}, {}
+    for arm in arms:
+        out = ref
+        passes, cold = 0, None
+        for passes in range(1, (4 if arm.calibrate else 1) + 1):
+            drafter = arm.make(list(case.prompt) + out)
+            r = run_spec(target, case.prompt, drafter, N, arm.block_size, prefill_step)
+            cold = cold or r
+            got = r.tokens
+            if got == out or not arm.calibrate:
+                break
+            out = got
+        references[arm.name] = list(case.prompt) + out
+        calibration[arm.name] = {
+            "passes": passes,
+            "self_consistent": got == out,
+            "cold_decode_tps": cold.decode_tps,
+            "cold_ttft_s": cold.ttft_s,
+        }
+        note(f"warm-up {arm.name}")
+
+    runs: Dict[str, List[RunResult]] = {BASELINE: []}
+    runs.update({a.name: [] for a in arms})
+    by_name = {a.name: a for a in arms}
+    for order in run_order(repeats, [BASELINE] + [a.name for a in arms]):
+        for name in order:
+            if name == BASELINE:
+                r = run_baseline(target, case.prompt, N, prefill_step)
+            else:
+                arm = by_name[name]
+                drafter = arm.make(references[name])
+                r = run_spec(target, case.prompt, drafter, N, arm.block_size, prefill_step)
+            runs[name].append(r)
+            note(name)
+            if cooldown > 0:
+                time.sleep(cooldown)
+
+    return summarize_case(case, arms, runs, profiles, calibration)
+
+
+def summarize_case(case: Case, arms, runs, profiles, calibration) -> dict:
+    base = runs[BASELINE]
+    base_tokens = base[0].tokens
+    result = {
+        "suite": case.suite,
+        "name": case.name,
+        "prompt_tokens": len(case.prompt),
+        "max_tokens": case.max_tokens,
+        "baseline": _arm_summary(base),
+        "baseline_deterministic": all(r.tokens == base_tokens for r in base),
+        "arms": {},
+    }
+    t_ar_ms = 1e3 / result["baseline"]["decode_tps"]["median"]
+    result["baseline"]["t_ar_ms"] = t_ar_ms
+    for arm in arms:
+        rs = runs[arm.name]
+        s = _arm_summary(rs)
+        s["speedup"] = summarize(
+            [r.decode_tps / b.decode_tps for r, b in zip(rs, base)]
+        )
+        s["ttft_ratio"] = summarize([r.ttft_s / b.ttft_s for r, b in zip(rs, base)])
+        s["spec"] = rs[-1].stats
+        s["tau_target"] = arm.tau_target
+        s["block_size"] = arm.block_size
+        s["token_match"] = token_match(base_tokens, rs[-1].tokens)
+        s["calibration"] = cal = calibration.get(arm.name)
+        if cal:
+            s["cold_speedup"] = cal["cold_decode_tps"] / result["baseline"]["decode_tps"]["median"]
+        prof = profiles.get(arm.name)
+        if prof:
+            tau = s["spec"]["tau"]
+            cycles = max(s["spec"]["cycles"], 1)
+            # Cycles after the first token = decode cycles; the decode window
+            # holds exactly those.
+            t_cycle = 1e3 * summarize([r.decode_s for r in rs])["median"] / cycles
+            ideal = ideal_speedup(tau, t_ar_ms, prof["draft_ms"], prof["verify_ms"])
+            prof = dict(prof, t_ar_ms=t_ar_ms, cycle_ms=t_cycle)
+            prof["overhead_ms"] = t_cycle - prof["draft_ms"] - prof["verify_ms"]
+            s["profile"] = prof
+            s["ideal_speedup"] = ideal
+            s["efficiency"] = s["speedup"]["median"] / ideal
+        result["arms"][arm.name] = s
+    return result
+
+
+def _arm_summary(rs: List[RunResult]) -> dict:
+    return {
+        "decode_tps": summarize([r.decode_tps for r in rs]),
+        "ttft_s": summarize([r.ttft_s for r in rs]),
+        "peak_memory_gb": max(r.peak_memory_gb for r in rs),
+        "tokens": len(rs[0].tokens),
+        "per_run": [
+            {"decode_tps": r.decode_tps, "ttft_s": r.ttft_s, "peak_memory_gb": r.peak_memory_gb}
+            for r in rs
+        ],
+    }

@@ -1,0 +1,207 @@
+"""Random-weight targets and drafts of real model shapes, built in the target dtype.
+
+Timing does not depend on weight values, so anyone can reproduce GPU numbers
+without downloading weights. Parameters are created lazily, cast, and then
+evaluated one layer at a time, so no full fp32 copy ever exists.
+"""
+
+from typing import Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.utils import _get_classes
+
+from ..draft import DFlashDraft, DraftArgs, default_target_layer_ids
+
+QWEN3_8B = dict(
+    model_type="qwen3",
+    hidden_size=4096,
+    num_hidden_layers=36,
+    intermediate_size=12288,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    rms_norm_eps=1e-6,
+    vocab_size=151936,
+    max_position_embeddings=40960,
+    rope_theta=1_000_000.0,
+    tie_word_embeddings=False,
+)
+
+QWEN3_5_9B = dict(
+    model_type="qwen3_5",
+    text_config=dict(
+        model_type="qwen3_5_text",
+        hidden_size=4096,
+        num_hidden_layers=32,
+        intermediate_size=12288,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        head_dim=256,
+        rms_norm_eps=1e-6,
+        vocab_size=248320,
+        max_position_embeddings=262144,
+        linear_num_value_heads=32,
+        linear_num_key_heads=16,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_conv_kernel_dim=4,
+        full_attention_interval=4,
+        tie_word_embeddings=False,
+        rope_parameters=dict(
+            type="default", rope_theta=10_000_000.0, partial_rotary_factor=0.25
+        ),
+    ),
+)
+
+# The default target's shape (SmolLM2-135M, llama), to time the default pair
+# where its GGUF file cannot travel.
+SMOLLM2_135M = dict(
+    model_type="llama",
+    hidden_size=576,
+    num_hidden_layers=30,
+    intermediate_size=1536,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    rms_norm_eps=1e-5,
+    vocab_size=49152,
+    max_position_embeddings=8192,
+    rope_theta=100000.0,
+    tie_word_embeddings=True,
+)
+
+# Small shapes for CPU checks of the whole path (same families, same code).
+TINY_QWEN3 = dict(
+    QWEN3_8B,
+    hidden_size=128,
+    num_hidden_layers=4,
+    intermediate_size=256,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    vocab_size=1024,
+)
+TINY_QWEN3_5 = dict(
+    model_type="qwen3_5",
+    text_config=dict(
+        QWEN3_5_9B["text_config"],
+        hidden_size=128,
+        num_hidden_layers=4,
+        intermediate_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        vocab_size=1024,
+        linear_num_value_heads=4,
+        linear_num_key_heads=2,
+        linear_key_head_dim=32,
+        linear_value_head_dim=32,
+    ),
+)
+
+# name -> (target config, draft head layout, mask token id)
+PRESETS = {
+    "qwen3-8b": (QWEN3_8B, dict(heads=32, kv_heads=8, head_dim=128), 151669),
+    "qwen3.5-9b": (QWEN3_5_9B, dict(heads=32, kv_heads=8, head_dim=128), 248070),
+    "smollm2-135m": (SMOLLM2_135M, dict(heads=9, kv_heads=3, head_dim=64), 0),
+    "tiny-qwen3": (TINY_QWEN3, dict(heads=4, kv_heads=2, head_dim=32), 1000),
+    "tiny-qwen3.5": (TINY_QWEN3_5, dict(heads=4, kv_heads=2, head_dim=32), 1000),
+}
+
+
+def _text(config: dict) -> dict:
+    return config.get("text_config", config)
+
+
+def _eval_by_layer(model: nn.Module, layers) -> None:
+    for layer in layers:
+        mx.eval(layer.parameters())
+    mx.eval(model.parameters())
+
+
+def build_target(preset: str, *, dtype=mx.bfloat16, seed: int = 0) -> nn.Module:
+    """A random-weight mlx_lm model of a named shape, in `dtype`."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown shape preset {preset!r}; choose from {sorted(PRESETS)}")
+    config = PRESETS[preset][0]
+    model_cls, args_cls = _get_classes(config)
+    mx.random.seed(seed)
+    model = model_cls(args_cls.from_dict(config))
+    model.set_dtype(dtype)  # lazy: nothing is materialised in fp32 as a whole
+    lm = model["language_model"] if "language_model" in model else model
+    _eval_by_layer(model, lm.model.layers)
+    return model
+
+
+def build_draft(
+    preset: str,
+    num_target_layers: int,
+    *,
+    num_layers: int = 5,
+    block_size: int = 16,
+    dtype=mx.bfloat16,
+    seed: int = 1,
+) -> DFlashDraft:
+    """A random-weight DFlash draft of the intended shape for a preset's target."""
+    config, heads, mask = PRESETS[preset]
+    t = _text(config)
+    args = DraftArgs(
+        hidden_size=t["hidden_size"],
+        intermediate_size=t["intermediate_size"],
+        num_hidden_layers=num_layers,
+        num_attention_heads=heads["heads"],
+        num_key_value_heads=heads["kv_heads"],
+        head_dim=heads["head_dim"],
+        rms_norm_eps=1e-6,
+        vocab_size=t["vocab_size"],
+        target_layer_ids=default_target_layer_ids(num_target_layers, num_layers),
+        mask_token_id=mask,
+        block_size=block_size,
+        num_target_layers=num_target_layers,
+    )
+    return random_draft(args, dtype=dtype, seed=seed)
+
+
+def random_draft(args: DraftArgs, *, dtype=mx.bfloat16, seed: int = 1) -> DFlashDraft:
+    mx.random.seed(seed)
+    draft = DFlashDraft(args)
+    draft.set_dtype(dtype)
+    _eval_by_layer(draft, draft.layers)
+    return draft
+
+
+def draft_for_target(
+    target_model: nn.Module,
+    num_target_layers: int,
+    *,
+    num_layers: int = 1,
+    block_size: int = 16,
+    dtype: Optional[mx.Dtype] = None,
+    mask_token_id: Optional[int] = None,
+    seed: int = 1,
+) -> DFlashDraft:
+    """A random draft shaped after any loaded target (Qwen3-style layers, target width)."""
+    lm = target_model["language_model"] if "language_model" in target_model else target_model
+    args = lm.args if hasattr(lm, "args") else target_model.args
+    hidden = args.hidden_size
+    heads = args.num_attention_heads
+    kv = getattr(args, "num_key_value_heads", None) or heads
+    vocab = args.vocab_size
+    draft_args = DraftArgs(
+        hidden_size=hidden,
+        intermediate_size=args.intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=getattr(args, "head_dim", None) or hidden // heads,
+        rms_norm_eps=getattr(args, "rms_norm_eps", 1e-6),
+        vocab_size=vocab,
+        target_layer_ids=default_target_layer_ids(num_target_layers, num_layers),
+        mask_token_id=vocab - 1 if mask_token_id is None else mask_token_id,
+        block_size=block_size,
+        num_target_layers=num_target_layers,
+    )
+    if dtype is None:
+        dtype = mx.float32
+    return random_draft(draft_args, dtype=dtype, seed=seed)
