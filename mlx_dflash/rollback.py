@@ -9,15 +9,17 @@ equal what plain autoregressive decoding of those n tokens would have built.
   (`gated_delta_update`) over the n kept steps, from the inputs the verify pass
   produced (captured by the `Tap`s on conv1d / in_proj_a / in_proj_b). The
   conv state is the last K-1 raw inputs of [old conv state; kept inputs].
-  The replay uses the installed mlx_lm's own kernel choice: the Metal kernel on
-  Apple GPUs, the per-step ops path everywhere else.
+  The replay uses the same recurrence as the verify pass: mlx_lm's Metal kernel
+  on Apple GPUs, our CUDA kernel (gdn.py) on NVIDIA, the ops path on CPU.
 """
 
 from typing import Any, Dict, List
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
+from mlx_lm.models.gated_delta import normalize_qk
+
+from .gdn import gated_delta
 
 from .target import DeltaTaps
 
@@ -68,7 +70,7 @@ def _replay_delta(taps: DeltaTaps, c, state0: mx.array, n: int):
     q, k = normalize_qk(q, k, inv_scale=la.head_k_dim**-0.5, eps=1e-6)
     a = taps.a._capture.outputs[:, :n]
     b = taps.b._capture.outputs[:, :n]
-    _, state = gated_delta_update(
+    _, state = gated_delta(
         q, k, v, a, b, la.A_log, la.dt_bias, state0, None, use_kernel=not la.training
     )
     c[1] = state

@@ -13,6 +13,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
 
 from .cache import BucketKVCache
+from .gdn import FastGatedDeltaNet, GatedDeltaNet
 
 
 class Capture:
@@ -134,6 +135,9 @@ class Target:
             if kind.mixer != "gated_delta":
                 continue
             la = _unwrap(self.layers[i]).linear_attn
+            # Per instance: one fused launch per verify block on CUDA (gdn.py).
+            if mx.cuda.is_available() and type(la) is GatedDeltaNet:
+                la.__class__ = FastGatedDeltaNet
             for name in ("conv1d", "in_proj_a", "in_proj_b"):
                 if not isinstance(la[name], Tap):
                     la[name] = Tap(la[name], keep_input=(name == "conv1d"))

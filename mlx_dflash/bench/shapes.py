@@ -129,6 +129,9 @@ def build_target(preset: str, *, dtype=mx.bfloat16, seed: int = 0) -> nn.Module:
     mx.random.seed(seed)
     model = model_cls(args_cls.from_dict(config))
     model.set_dtype(dtype)  # lazy: nothing is materialised in fp32 as a whole
+    # Inference mode, as mlx_lm.load leaves a model: GatedDeltaNet layers check
+    # `training` to pick their fused kernel over the differentiable ops path.
+    model.eval()
     lm = model["language_model"] if "language_model" in model else model
     _eval_by_layer(model, lm.model.layers)
     return model

@@ -1,0 +1,163 @@
+"""GatedDeltaNet recurrence for multi-token verify off Metal.
+
+mlx_lm runs the recurrence as a fused kernel on Metal only; elsewhere it loops
+over time steps with small ops, which made a 16-token verify on CUDA cost ~1.8 ms
+per layer against ~0.19 ms for one decode step (measured on an H200, see
+bench/results/speed.md). Here the whole block is one CUDA kernel launch: each
+warp keeps one row of the (Dv x Dk) state in registers for all T steps.
+
+`gated_delta` is a drop-in for `mlx_lm.models.gated_delta.gated_delta_update`
+that takes the CUDA kernel when it applies and the stock function otherwise
+(Metal kernel on Apple GPUs, ops path on CPU). `FastGatedDeltaNet` is the stock
+layer with only the recurrence call swapped; `Target` gives it to GatedDeltaNet
+*instances* on CUDA (the stock class stays untouched).
+"""
+
+from typing import Any, Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.gated_delta import compute_g, gated_delta_update, normalize_qk
+from mlx_lm.models.qwen3_5 import GatedDeltaNet
+
+_HEADER = """
+__device__ __forceinline__ float warp_sum(float x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffff, x, o);
+  return x;
+}
+"""
+
+# Grid (32, Dv, B*Hv), block (32, 4, 1): lane x splits Dk, y picks the state row.
+_SOURCE = """
+  const int lane = threadIdx.x;
+  const int dv = blockIdx.y * blockDim.y + threadIdx.y;
+  const int n = blockIdx.z;
+  const int T = q_shape[1];  // runtime: one compiled kernel for every block length
+  const int b = n / Hv, hv = n % Hv, hk = hv / (Hv / Hk);
+  constexpr int PER = Dk / 32;
+  const int k0 = lane * PER;
+
+  float s[PER];
+  const float* s_in = state_in + ((size_t)n * Dv + dv) * Dk + k0;
+  for (int i = 0; i < PER; ++i) s[i] = s_in[i];
+
+  for (int t = 0; t < T; ++t) {
+    const size_t qk = ((size_t)(b * T + t) * Hk + hk) * Dk + k0;
+    const size_t vy = ((size_t)(b * T + t) * Hv + hv) * Dv + dv;
+    const size_t gb = (size_t)(b * T + t) * Hv + hv;
+    const float gt = static_cast<float>(g[gb]);
+    float kv = 0.0f;
+    for (int i = 0; i < PER; ++i) {
+      s[i] *= gt;
+      kv += s[i] * static_cast<float>(k[qk + i]);
+    }
+    kv = warp_sum(kv);
+    const float delta = (static_cast<float>(v[vy]) - kv) * static_cast<float>(beta[gb]);
+    float out = 0.0f;
+    for (int i = 0; i < PER; ++i) {
+      s[i] += static_cast<float>(k[qk + i]) * delta;
+      out += s[i] * static_cast<float>(q[qk + i]);
+    }
+    out = warp_sum(out);
+    if (lane == 0) y[vy] = static_cast<InT>(out);
+  }
+  float* s_out = state_out + ((size_t)n * Dv + dv) * Dk + k0;
+  for (int i = 0; i < PER; ++i) s_out[i] = s[i];
+"""
+
+_kernel = None
+
+
+def _cuda_kernel():
+    global _kernel
+    if _kernel is None:
+        _kernel = mx.fast.cuda_kernel(
+            name="dflash_gated_delta",
+            input_names=["q", "k", "v", "g", "beta", "state_in"],
+            output_names=["y", "state_out"],
+            source=_SOURCE,
+            header=_HEADER,
+        )
+    return _kernel
+
+
+def cuda_applies(q: mx.array, v: mx.array, state: mx.array, mask) -> bool:
+    return (
+        mx.cuda.is_available()
+        and mx.default_device() == mx.gpu
+        and mask is None
+        and state.dtype == mx.float32
+        and q.shape[-1] % 32 == 0
+        and v.shape[-1] % 4 == 0
+    )
+
+
+def gated_delta_cuda(q, k, v, g, beta, state):
+    """Scalar-gated delta rule over all T steps in one launch; returns (y, state)."""
+    B, T, Hk, Dk = q.shape
+    Hv, Dv = v.shape[-2:]
+    return _cuda_kernel()(
+        inputs=[q, k, v, g, beta, state],
+        template=[("InT", q.dtype), ("Hk", Hk), ("Hv", Hv), ("Dk", Dk), ("Dv", Dv)],
+        grid=(32, Dv, B * Hv),
+        threadgroup=(32, 4, 1),
+        output_shapes=[(B, T, Hv, Dv), state.shape],
+        output_dtypes=[q.dtype, mx.float32],
+    )
+
+
+def gated_delta(q, k, v, a, b, A_log, dt_bias, state=None, mask=None, *, use_kernel=True):
+    """`gated_delta_update` with a CUDA kernel for the unmasked, scalar-gated case."""
+    if state is None:
+        B, _, _, Dk = q.shape
+        state = mx.zeros((B, *v.shape[-2:], Dk), dtype=mx.float32)
+    if use_kernel and cuda_applies(q, v, state, mask):
+        return gated_delta_cuda(q, k, v, compute_g(A_log, a, dt_bias), mx.sigmoid(b), state)
+    return gated_delta_update(q, k, v, a, b, A_log, dt_bias, state, mask, use_kernel=use_kernel)
+
+
+class FastGatedDeltaNet(GatedDeltaNet):
+    """The stock Qwen3.5 GatedDeltaNet with the recurrence call swapped for `gated_delta`.
+
+    Mirrors `GatedDeltaNet.__call__` of the pinned mlx_lm minor for a single
+    unpadded sequence (tests compare the two layers on the same inputs).
+    """
+
+    def __call__(self, inputs: mx.array, mask: Optional[mx.array] = None, cache: Any = None):
+        if self.sharding_group is not None or (cache is not None and cache.lengths is not None):
+            return super().__call__(inputs, mask, cache)
+        B, S, _ = inputs.shape
+        qkv = self.in_proj_qkv(inputs)
+        z = self.in_proj_z(inputs).reshape(B, S, self.num_v_heads, self.head_v_dim)
+        b = self.in_proj_b(inputs)
+        a = self.in_proj_a(inputs)
+
+        if cache is not None and cache[0] is not None:
+            conv_state = cache[0]
+        else:
+            conv_state = mx.zeros((B, self.conv_kernel_size - 1, self.conv_dim), inputs.dtype)
+        if mask is not None:
+            qkv = mx.where(mask[..., None], qkv, 0)
+        conv_input = mx.concatenate([conv_state, qkv], axis=1)
+        if cache is not None:
+            cache[0] = mx.contiguous(conv_input[:, -(self.conv_kernel_size - 1) :, :])
+        conv_out = nn.silu(self.conv1d(conv_input))
+
+        q, k, v = [
+            t.reshape(B, S, h, d)
+            for t, h, d in zip(
+                mx.split(conv_out, [self.key_dim, 2 * self.key_dim], -1),
+                [self.num_k_heads, self.num_k_heads, self.num_v_heads],
+                [self.head_k_dim, self.head_k_dim, self.head_v_dim],
+            )
+        ]
+        state = cache[1] if cache else None
+        q, k = normalize_qk(q, k, inv_scale=self.head_k_dim**-0.5, eps=1e-6)
+        out, state = gated_delta(
+            q, k, v, a, b, self.A_log, self.dt_bias, state, mask, use_kernel=not self.training
+        )
+        if cache is not None:
+            cache[1] = state
+            cache.advance(S)
+        out = self.norm(out, z)
+        return self.out_proj(out.reshape(B, S, -1))
