@@ -60,6 +60,15 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="default max_tokens when an OpenAI request names none",
     )
     parser.add_argument(
+        "--default-temperature",
+        type=float,
+        default=None,
+        help="temperature of requests that name none (default: 1.0, as the "
+        "OpenAI and Anthropic APIs document). 0 makes such requests greedy: "
+        "deterministic and the fastest speculative path. Sampling is exact "
+        "either way (speculative sampling matches the target's distribution)",
+    )
+    parser.add_argument(
         "--max-context",
         type=int,
         default=None,
@@ -97,6 +106,8 @@ def main(argv=None):
         )
     )
     args = parser.parse_args(argv)
+    if args.default_temperature is not None and args.default_temperature < 0:
+        parser.error("--default-temperature must be >= 0")
     if args.model is None:
         from .gguf import find_default_gguf
 
@@ -116,6 +127,7 @@ def main(argv=None):
         max_context=args.max_context,
         prefill_step_size=args.prefill_step_size,
         default_max_tokens=args.max_tokens,
+        default_temperature=args.default_temperature,
         chat_template_args=args.chat_template_args,
     )
     try:
@@ -123,10 +135,15 @@ def main(argv=None):
     except ValueError as e:
         parser.exit(2, f"error: {e}\n")
     logging.getLogger("mlx_dflash.server").info(
-        "serving %s (drafter %s, block %d) on http://%s:%d",
+        "serving %s (drafter %s, block %d, default temperature %s) on http://%s:%d",
         config.model_name,
         engine.drafter_name,
         engine.block_size,
+        (
+            "per API (1.0)"
+            if args.default_temperature is None
+            else args.default_temperature
+        ),
         args.host,
         args.port,
     )

@@ -111,6 +111,8 @@ class LiveServer:
     """uvicorn on 127.0.0.1, port 0, in a thread."""
 
     def __init__(self, provider, *, api_key=None, **config):
+        # Greedy unless a request names a temperature: outputs are comparable.
+        config = {"default_temperature": 0.0, **config}
         self.engine = Engine(
             provider, EngineConfig(model_name="tiny", **config)
         ).start()
@@ -255,7 +257,7 @@ def test_stop_sequence(srv):
 
 def test_sampling_says_which_engine_served_it(srv):
     want = srv.engine.engine_name(0.7)
-    assert want in ("speculative-sampling", "target-sampling")
+    assert want == "speculative-sampling"
     raw = srv.openai.chat.completions.with_raw_response.create(
         model="tiny", messages=MESSAGES, max_tokens=8, temperature=0.7, seed=1
     )
@@ -268,6 +270,115 @@ def test_sampling_says_which_engine_served_it(srv):
         extra_body={"temperature": 0.5},
     )
     assert m.headers["x-mlx-dflash-engine"] == want
+
+
+def test_default_temperature_follows_each_api(srv):
+    """No temperature: the API's documented 1.0, unless --default-temperature."""
+    srv.engine.config.default_temperature = None
+    try:
+        raw = srv.openai.chat.completions.with_raw_response.create(
+            model="tiny", messages=MESSAGES, max_tokens=4
+        )
+        assert raw.headers["x-mlx-dflash-engine"] == "speculative-sampling"
+        raw = srv.anthropic.messages.with_raw_response.create(
+            model="claude-x", max_tokens=4, messages=MESSAGES[1:]
+        )
+        assert raw.headers["x-mlx-dflash-engine"] == "speculative-sampling"
+        raw = srv.openai.chat.completions.with_raw_response.create(
+            model="tiny", messages=MESSAGES, max_tokens=4, temperature=0
+        )
+        assert raw.headers["x-mlx-dflash-engine"] == "speculative-greedy"
+    finally:
+        srv.engine.config.default_temperature = 0.0
+    raw = srv.anthropic.messages.with_raw_response.create(
+        model="claude-x", max_tokens=4, messages=MESSAGES[1:]
+    )
+    assert raw.headers["x-mlx-dflash-engine"] == "speculative-greedy"
+
+
+def target_logprobs(srv, prompt, tokens):
+    """log-softmax of the target's logits at each emitted token (direct model call)."""
+    model = srv.engine.target.model
+    logits = model(mx.array([list(prompt) + list(tokens[:-1])]))[0, len(prompt) - 1 :]
+    return (logits - mx.logsumexp(logits, axis=-1, keepdims=True)).astype(mx.float32)
+
+
+def check_chat_logprobs(srv, content, prompt, tokens, top):
+    tok = srv.engine.tokenizer
+    body = [t for t in tokens if t not in tok.eos_token_ids]
+    assert len(content) == len(body)
+    ref = target_logprobs(srv, prompt, tokens)
+    for i, (entry, t) in enumerate(zip(content, body)):
+        assert entry.token == tok.decode([t])
+        assert bytes(entry.bytes) == tok.decode([t]).encode()
+        assert abs(entry.logprob - ref[i, t].item()) < 1e-4
+        assert len(entry.top_logprobs) == top
+        want = mx.argsort(-ref[i])[:top].tolist()
+        assert [e.token for e in entry.top_logprobs] == [tok.decode([j]) for j in want]
+        for e, j in zip(entry.top_logprobs, want):
+            assert abs(e.logprob - ref[i, j].item()) < 1e-4
+
+
+def test_chat_logprobs_are_the_targets(srv):
+    prompt = chat_prompt(srv, MESSAGES)
+    tokens, text = expected(srv, prompt, 12)
+    kw = dict(model="tiny", messages=MESSAGES, max_tokens=12, logprobs=True)
+    r = srv.openai.chat.completions.create(**kw, top_logprobs=3)
+    assert r.choices[0].message.content == text
+    check_chat_logprobs(srv, r.choices[0].logprobs.content, prompt, tokens, 3)
+
+    chunks = list(srv.openai.chat.completions.create(**kw, top_logprobs=3, stream=True))
+    streamed = [
+        e
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for e in c.choices[0].logprobs.content
+    ]
+    assert [e.model_dump() for e in streamed] == [
+        e.model_dump() for e in r.choices[0].logprobs.content
+    ]
+
+    # Sampling: still the target's own log-probabilities (before temperature).
+    r = srv.openai.chat.completions.create(**kw, temperature=0.9, seed=7)
+    tok = srv.engine.tokenizer
+    ids = [tok.convert_tokens_to_ids(e.token) for e in r.choices[0].logprobs.content]
+    ref = target_logprobs(srv, prompt, ids + [0])
+    for i, (e, t) in enumerate(zip(r.choices[0].logprobs.content, ids)):
+        assert abs(e.logprob - ref[i, t].item()) < 1e-4 and e.top_logprobs == []
+    again = srv.openai.chat.completions.create(**kw, temperature=0.9, seed=7)
+    assert again.choices[0].message.content == r.choices[0].message.content
+
+    with pytest.raises(openai.BadRequestError):
+        srv.openai.chat.completions.create(
+            model="tiny", messages=MESSAGES, max_tokens=2, top_logprobs=2
+        )
+
+
+def test_completion_logprobs(srv):
+    prompt = "one two three one two three"
+    ids = srv.engine.tokenizer.encode(prompt)
+    tokens, text = expected(srv, ids, 10)
+    body = [t for t in tokens if t not in srv.engine.tokenizer.eos_token_ids]
+    ref = target_logprobs(srv, ids, tokens)
+    r = srv.openai.completions.create(
+        model="tiny", prompt=prompt, max_tokens=10, logprobs=2
+    )
+    lp = r.choices[0].logprobs
+    assert "".join(lp.tokens) == r.choices[0].text == text
+    assert len(lp.token_logprobs) == len(body)
+    for i, t in enumerate(body):
+        assert abs(lp.token_logprobs[i] - ref[i, t].item()) < 1e-4
+        assert len(lp.top_logprobs[i]) == 2
+    assert lp.text_offset == [sum(map(len, lp.tokens[:i])) for i in range(len(body))]
+    chunks = list(
+        srv.openai.completions.create(
+            model="tiny", prompt=prompt, max_tokens=10, logprobs=2, stream=True
+        )
+    )
+    streamed = [x for c in chunks for x in c.choices[0].logprobs.token_logprobs]
+    assert streamed == lp.token_logprobs
+    offsets = [x for c in chunks for x in c.choices[0].logprobs.text_offset]
+    assert offsets == lp.text_offset
 
 
 def test_models_health_metrics(srv):
@@ -284,6 +395,7 @@ def test_models_health_metrics(srv):
         "mlx_dflash_last_tau",
         "mlx_dflash_prompt_cache_hits_total",
         "mlx_dflash_accepted_tokens_total",
+        "mlx_dflash_mlx_active_memory_bytes",
     ):
         assert name in text
 
@@ -589,6 +701,60 @@ def test_tool_calls_anthropic(tool_srv):
         model="claude-local", max_tokens=30, tools=TOOLS_AN, messages=msgs
     )
     assert m2.stop_reason == "tool_use"
+
+
+def test_tool_choice(tool_srv):
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    no_tools = len(chat_prompt(tool_srv, msgs))
+    # "none": the tools are not shown to the model at all.
+    r = tool_srv.openai.chat.completions.create(
+        model="tiny", messages=msgs, tools=TOOLS_OA, tool_choice="none", max_tokens=30
+    )
+    assert r.usage.prompt_tokens == no_tools and not r.choices[0].message.tool_calls
+    m = tool_srv.anthropic.messages.create(
+        model="claude-x",
+        max_tokens=30,
+        tools=TOOLS_AN,
+        tool_choice={"type": "none"},
+        messages=msgs,
+    )
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == no_tools
+    assert all(b.type != "tool_use" for b in m.content)
+    # "auto" (and parallel calls off) calls the tool.
+    r = tool_srv.openai.chat.completions.create(
+        model="tiny",
+        messages=msgs,
+        tools=TOOLS_OA,
+        tool_choice="auto",
+        parallel_tool_calls=False,
+        max_tokens=30,
+    )
+    assert len(r.choices[0].message.tool_calls) == 1
+    m = tool_srv.anthropic.messages.create(
+        model="claude-x",
+        max_tokens=30,
+        tools=TOOLS_AN,
+        tool_choice={"type": "auto", "disable_parallel_tool_use": True},
+        messages=msgs,
+    )
+    assert [b.type for b in m.content][-1] == "tool_use"
+    # Forced calls would need constrained decoding: refused, never ignored.
+    with pytest.raises(openai.BadRequestError, match="tool_choice"):
+        tool_srv.openai.chat.completions.create(
+            model="tiny",
+            messages=msgs,
+            tools=TOOLS_OA,
+            tool_choice="required",
+            max_tokens=30,
+        )
+    with pytest.raises(anthropic.BadRequestError, match="tool_choice"):
+        tool_srv.anthropic.messages.create(
+            model="claude-x",
+            max_tokens=30,
+            tools=TOOLS_AN,
+            tool_choice={"type": "tool", "name": "get_weather"},
+            messages=msgs,
+        )
 
 
 def test_output_parser_handles_markers_split_across_pieces():

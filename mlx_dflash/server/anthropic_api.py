@@ -20,6 +20,10 @@ from .common import (
 )
 from .engine import Engine, Job
 
+# The Messages API documents temperature 1 for requests that name none; the
+# server's --default-temperature overrides it (0: greedy, the fastest exact path).
+DEFAULT_TEMPERATURE = 1.0
+
 _STOP_REASON = {
     "stop": "end_turn",
     "length": "max_tokens",
@@ -134,9 +138,10 @@ def _tools(req: _Conversation):
     if not req.tools or (req.tool_choice or {}).get("type") == "none":
         return None
     if (req.tool_choice or {}).get("type") in ("any", "tool"):
+        # Forcing a call needs constrained decoding, which we don't do.
         raise APIError(
             400,
-            "tool_choice 'any'/'tool' cannot be enforced by this server; " "use 'auto'",
+            "tool_choice 'any'/'tool' cannot be enforced by this server; use 'auto'",
         )
     out = []
     for t in req.tools:
@@ -200,7 +205,7 @@ def make_router(engine: Engine) -> APIRouter:
         check_model(engine, req.model)
         prompt, tools = _prompt(engine, req)
         check_length(engine, prompt, req.max_tokens)
-        temp = req.temperature or 0.0
+        temp = engine.temperature(req.temperature, DEFAULT_TEMPERATURE)
         job = engine.submit(
             Job(
                 prompt=prompt,
@@ -218,8 +223,14 @@ def make_router(engine: Engine) -> APIRouter:
             "role": "assistant",
             "model": req.model,
         }
+        single = (req.tool_choice or {}).get("disable_parallel_tool_use") is True
         parts = run_job(
-            engine, job, stop=req.stop_sequences or [], tools=tools, request=request
+            engine,
+            job,
+            stop=req.stop_sequences or [],
+            tools=tools,
+            max_calls=1 if single else None,
+            request=request,
         )
         headers = engine_headers(engine, job)
         if req.stream:

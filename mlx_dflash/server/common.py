@@ -6,7 +6,7 @@ from typing import Any, AsyncIterator, List, Optional, Sequence, Union
 
 from starlette.requests import Request
 
-from .engine import Engine, Event, Job
+from .engine import Engine, Event, Job, TokenLogprob
 from .output import REASONING, TOOL, parse_tool_calls, parser_for
 from .prompt_cache import normalize_text
 
@@ -90,6 +90,8 @@ class Part:
     kind: str  # "text" | "reasoning" | "tool_call"
     text: str = ""
     call: Optional[dict] = None
+    # Tokens decoded since the previous part (when the job asked for logprobs).
+    logprobs: List[TokenLogprob] = field(default_factory=list)
 
 
 @dataclass
@@ -98,16 +100,20 @@ class Finish:
     usage: dict = field(default_factory=dict)
     stop_sequence: Optional[str] = None
     error: Optional[str] = None
+    logprobs: List[TokenLogprob] = field(default_factory=list)  # not yet sent
 
 
-async def _next_event(job: Job, request: Optional[Request]) -> Event:
-    while True:
-        try:
-            return await asyncio.wait_for(job.events.get(), timeout=0.5)
-        except asyncio.TimeoutError:
-            if request is not None and await request.is_disconnected():
-                job.cancel()
-                raise asyncio.CancelledError("client disconnected")
+async def _watch(job: Job, request: Request):
+    """Cancel `job` once its client has gone, whether or not anyone still reads it.
+
+    A response's body generator that is abandoned mid-`yield` is only closed
+    when it is garbage-collected, so its `finally` can't be the one signal.
+    """
+    while not job.finished.is_set():
+        if await request.is_disconnected():
+            job.cancel()
+            return
+        await asyncio.sleep(0.2)
 
 
 async def run_job(
@@ -116,30 +122,47 @@ async def run_job(
     *,
     stop: Sequence[str] = (),
     tools=None,
+    max_calls: Optional[int] = None,
     raw: bool = False,
     request: Optional[Request] = None,
 ) -> AsyncIterator[Union[Part, Finish]]:
     """Follow a submitted `job`; yield `Part`s as they become certain, then one `Finish`.
 
-    The job is cancelled when the consumer stops early (client disconnect) or
-    a stop sequence matches.
+    The job is cancelled when the consumer stops early (client disconnect), a
+    stop sequence matches, or `max_calls` tool calls have been made (parallel
+    tool calls turned off: the answer ends after the first call).
     """
     tok = engine.tokenizer
     # Raw completions keep think markers as text; chat splits them out.
     parser = parser_for(tok, job.prompt, stop, tools=bool(tools), reasoning=not raw)
     n_texts = n_calls = 0
     final = False
+    # Log-probabilities ride on the next part out; once a stop sequence has
+    # matched, later tokens are not part of the answer and are dropped.
+    pending: List[TokenLogprob] = []
+
+    def part(kind, text="", call=None):
+        nonlocal pending
+        p, pending = Part(kind, text, call, pending), []
+        return p
+
+    if request is not None:
+        job.watcher = asyncio.get_running_loop().create_task(_watch(job, request))
     try:
         while True:
-            ev = await _next_event(job, request)
+            ev = await job.events.get()
             final = ev.finish_reason is not None
+            if parser.stopped_by is None:
+                pending += ev.logprobs
             for kind, text in parser.feed(ev.text, final=final):
-                yield Part("reasoning" if kind == REASONING else "text", text)
+                yield part("reasoning" if kind == REASONING else "text", text)
             for call in parse_tool_calls(tok, parser.tool_calls[n_texts:], tools):
-                n_calls += 1
-                yield Part("tool_call", call=call)
+                if max_calls is None or n_calls < max_calls:
+                    n_calls += 1
+                    yield part("tool_call", call=call)
             n_texts = len(parser.tool_calls)
-            if parser.stopped_by is not None and not final:
+            done = max_calls is not None and n_calls >= max_calls
+            if (parser.stopped_by is not None or done) and not final:
                 job.cancel()  # the rest is not wanted; wait for the final event
             if final:
                 break
@@ -155,7 +178,9 @@ async def run_job(
         reason = "length"
     else:
         reason = "tool_calls" if n_calls else "stop"
-    yield Finish(reason, ev.usage or {}, stop_sequence=parser.stopped_by)
+    yield Finish(
+        reason, ev.usage or {}, stop_sequence=parser.stopped_by, logprobs=pending
+    )
 
 
 def engine_info(engine: Engine, usage: dict) -> dict:

@@ -7,7 +7,6 @@ went away is cancelled between tokens and its half-used cache is dropped.
 
 import asyncio
 import copy
-import inspect
 import logging
 import queue
 import threading
@@ -17,26 +16,20 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 from mlx_lm.models.cache import trim_prompt_cache
-from mlx_lm.sample_utils import make_sampler
 
 from ..decode import SpecStats, generate_step, prefill
+from ..sampling import SamplingParams
 from .metrics import Metrics
 from .prompt_cache import PromptCache, load_drafter, save_drafter
 
 log = logging.getLogger("mlx_dflash.server")
 
-try:  # speculative sampling lands with the Sampling issue; until then, target-only
-    from ..sampling import SamplingParams
-except ImportError:  # pragma: no cover
-    SamplingParams = None
-SPECULATIVE_SAMPLING = (
-    SamplingParams is not None
-    and "sampling" in inspect.signature(generate_step).parameters
-)
-
 # (target, tokenizer, drafter, block_size); called on the generation thread,
 # since MLX streams belong to the thread that creates them.
 Provider = Callable[[], Tuple[Any, Any, Any, int]]
+
+# (token id, target log-probability, [(id, log-probability), ...] top entries)
+TokenLogprob = Tuple[int, float, List[Tuple[int, float]]]
 
 
 @dataclass
@@ -46,6 +39,8 @@ class EngineConfig:
     max_context: Optional[int] = None  # default: the model's max_position_embeddings
     prefill_step_size: int = 2048
     default_max_tokens: int = 4096
+    # Temperature of requests that name none; None: each API's documented default.
+    default_temperature: Optional[float] = None
     chat_template_args: dict = field(default_factory=dict)
 
 
@@ -56,6 +51,8 @@ class Event:
     finish_reason: Optional[str] = None  # "stop" | "length" | "cancelled" | "error"
     error: Optional[str] = None
     usage: Optional[dict] = None
+    # Tokens decoded since the last event (EOS excluded), when the job asked.
+    logprobs: List[TokenLogprob] = field(default_factory=list)
 
 
 @dataclass
@@ -67,8 +64,11 @@ class Job:
     top_k: int = 0
     min_p: float = 0.0
     seed: Optional[int] = None
+    logprobs: Optional[int] = None  # None, or how many top entries per token
     engine: str = ""
     cancelled: threading.Event = field(default_factory=threading.Event)
+    finished: threading.Event = field(default_factory=threading.Event)
+    watcher: Optional[asyncio.Task] = None  # see common._watch
     events: Optional[asyncio.Queue] = None
     loop: Optional[asyncio.AbstractEventLoop] = None
 
@@ -77,37 +77,6 @@ class Job:
 
     def cancel(self):
         self.cancelled.set()
-
-
-def sample_step(
-    target,
-    prompt,
-    drafter,
-    *,
-    cache,
-    sampler,
-    max_tokens,
-    stop_tokens,
-    prefill_step_size,
-    cached,
-):
-    """Target-only sampling that keeps the drafter in step with the cache.
-
-    Stands in for speculative sampling until that lands: the tokens are drawn
-    from the target's own distribution, exactly as `mlx_lm.generate_step` does.
-    """
-    logits = prefill(
-        target, cache, drafter, prompt, step_size=prefill_step_size, cached=cached
-    )
-    for n in range(max_tokens):
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        y = int(sampler(logprobs).item())
-        yield y, False
-        if y in stop_tokens or n + 1 == max_tokens:
-            return
-        logits, features = target.forward(mx.array([[y]]), cache, last_only=True)
-        drafter.commit([y], features)
-        logits = logits[:, -1]
 
 
 class Engine:
@@ -163,23 +132,43 @@ class Engine:
             if job is None:
                 break
             self.metrics.queue_depth.set(self._queue.qsize())
-            if job.cancelled.is_set():
+            if job.cancelled.is_set():  # its client left while it waited
+                self.metrics.generations.labels(job.engine, "cancelled").inc()
                 job.emit(Event(finish_reason="cancelled"))
-                continue
-            try:
-                self._generate(job)
-            except Exception as e:  # noqa: BLE001 - the thread keeps serving
-                log.exception("generation failed")
-                job.emit(Event(finish_reason="error", error=f"{type(e).__name__}: {e}"))
+            else:
+                try:
+                    self._generate(job)
+                except Exception as e:  # noqa: BLE001 - the thread keeps serving
+                    log.exception("generation failed")
+                    job.emit(
+                        Event(finish_reason="error", error=f"{type(e).__name__}: {e}")
+                    )
+            job.finished.set()
+            del job
+            if self._queue.empty():
+                # Idle: hand MLX's buffer pool back to the system. Live arrays
+                # (weights, prompt cache) stay; the next request re-allocates.
+                mx.clear_cache()
         self.alive = False
 
     # ---- requests --------------------------------------------------------------
 
     def engine_name(self, temperature: float) -> str:
-        """What serves a request: speculative or target-only, greedy or sampling."""
+        """What serves a request: speculative (block > 1) or plain, greedy or sampling.
+
+        Both are exact: greedy equals the target's argmax decoding, and
+        speculative sampling is distributed exactly as sampling the target.
+        """
         mode = "greedy" if temperature == 0 else "sampling"
-        speculative = self.block_size > 1 and (mode == "greedy" or SPECULATIVE_SAMPLING)
-        return f"{'speculative' if speculative else 'target'}-{mode}"
+        return f"{'speculative' if self.block_size > 1 else 'target'}-{mode}"
+
+    def temperature(self, requested: Optional[float], api_default: float) -> float:
+        """The request's temperature, else `--default-temperature`, else the API's."""
+        if requested is not None:
+            return requested
+        if self.config.default_temperature is not None:
+            return self.config.default_temperature
+        return api_default
 
     @property
     def drafter_name(self) -> str:
@@ -239,52 +228,49 @@ class Engine:
             )
         speculative = job.engine.startswith("speculative")
         stats = SpecStats(self.block_size if speculative else 1)
-        common = dict(
+        sampling = None
+        if job.temperature > 0:
+            sampling = SamplingParams(
+                temperature=job.temperature,
+                top_p=job.top_p,
+                top_k=job.top_k,
+                min_p=job.min_p,
+                seed=job.seed,
+            )
+        steps = generate_step(
+            target,
+            prompt,
+            self.drafter,
             cache=cache,
             max_tokens=job.max_tokens,
+            block_size=stats.block_size,
             stop_tokens=eos,
             prefill_step_size=self.config.prefill_step_size,
             cached=run_from,
+            sampling=sampling,
+            logprobs=job.logprobs,
+            stats=stats,
         )
-        if job.temperature == 0 or SPECULATIVE_SAMPLING:
-            if job.temperature > 0:
-                common["sampling"] = SamplingParams(
-                    temperature=job.temperature,
-                    top_p=job.top_p,
-                    top_k=job.top_k,
-                    min_p=job.min_p,
-                    seed=job.seed,
-                )
-            steps = generate_step(
-                target,
-                prompt,
-                self.drafter,
-                stats=stats,
-                block_size=stats.block_size,
-                **common,
-            )
-        else:
-            if job.seed is not None:
-                mx.random.seed(job.seed)
-            sampler = make_sampler(
-                job.temperature, top_p=job.top_p, top_k=job.top_k, min_p=job.min_p
-            )
-            steps = sample_step(target, prompt, self.drafter, sampler=sampler, **common)
 
         detok = tok.detokenizer
         out: List[int] = []
+        pending: List[TokenLogprob] = []
         cancelled = False
         prefill_s = 0.0
-        for token, *_ in steps:
+        for step in steps:
+            token = step[0]
             if not out:
                 prefill_s = time.perf_counter() - tic
                 tic = time.perf_counter()
             out.append(token)
             if token not in eos:
+                if job.logprobs is not None:
+                    pending.append((token, *step[2]))
                 detok.add_token(token)
                 piece = detok.last_segment  # reading it consumes it
                 if piece:
-                    job.emit(Event(text=piece, token=token))
+                    job.emit(Event(text=piece, token=token, logprobs=pending))
+                    pending = []
             if job.cancelled.is_set():
                 cancelled = True
                 break
@@ -293,6 +279,20 @@ class Engine:
 
         if cancelled:
             finish = "cancelled"
+            if self.prompt_cache is not None and trimmable and cache:
+                # Keep the prefix: an agent's next turn after a cancel (Esc in
+                # Claude Code) shares it. The cache may hold a few tokens past
+                # `out` (the rest of the verify cycle); trim them off.
+                extra = cache[0].offset - (len(prompt) + len(out) - 1)
+                assert extra >= 0, extra
+                if extra:
+                    trim_prompt_cache(cache, extra)
+                    self.drafter.trim(extra)
+                self.prompt_cache.insert(
+                    prompt + out[:-1],
+                    cache,
+                    save_drafter(self.drafter, copy_state=False),
+                )
         else:
             finish = "stop" if out and out[-1] in eos else "length"
             if self.prompt_cache is not None:
@@ -315,7 +315,14 @@ class Engine:
             "spec": stats.as_dict() if stats.block_size > 1 else None,
         }
         self._record(job, finish, usage, stats, prefill_s)
-        job.emit(Event(text=detok.last_segment, finish_reason=finish, usage=usage))
+        job.emit(
+            Event(
+                text=detok.last_segment,
+                finish_reason=finish,
+                usage=usage,
+                logprobs=pending,
+            )
+        )
 
     def _record(self, job, finish, usage, stats, prefill_s):
         m = self.metrics

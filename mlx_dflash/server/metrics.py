@@ -1,6 +1,13 @@
 """Prometheus metrics, one registry per app (tests start many apps in one process)."""
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import mlx.core as mx
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+)
 
 
 class Metrics:
@@ -80,3 +87,15 @@ class Metrics:
         self.prefill_seconds = Histogram(
             "mlx_dflash_prefill_seconds", "prompt prefill time", registry=r
         )
+        # Read at scrape time. process_resident_memory_bytes (Linux) comes
+        # with the process collector.
+        ProcessCollector(registry=r)
+        memory = {
+            "active": ("arrays alive in MLX", mx.get_active_memory),
+            "cache": ("freed buffers MLX keeps for reuse", mx.get_cache_memory),
+            "peak": ("MLX peak memory since start", mx.get_peak_memory),
+        }
+        for name, (doc, read) in memory.items():
+            Gauge(f"mlx_dflash_mlx_{name}_memory_bytes", doc, registry=r).set_function(
+                read
+            )

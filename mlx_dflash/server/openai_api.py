@@ -1,6 +1,7 @@
 """OpenAI-compatible routes: /v1/chat/completions and /v1/completions."""
 
 import json
+import re
 import time
 import uuid
 from typing import Any, Dict, List, Optional, Union
@@ -28,11 +29,17 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# The API documents temperature 1 for requests that name none; the server's
+# --default-temperature overrides it (0: greedy, the fastest exact path).
+DEFAULT_TEMPERATURE = 1.0
+
+
 class _Sampling(_Strict):
     model: str
     temperature: Optional[float] = Field(None, ge=0, le=2)
     top_p: Optional[float] = Field(None, gt=0, le=1)
-    top_k: Optional[int] = Field(None, ge=0)
+    top_k: Optional[int] = Field(None, ge=0)  # extension (vLLM, llama.cpp)
+    min_p: Optional[float] = Field(None, ge=0, le=1)  # extension
     seed: Optional[int] = None
     stream: bool = False
     stream_options: Optional[Dict[str, Any]] = None
@@ -42,7 +49,6 @@ class _Sampling(_Strict):
     presence_penalty: Optional[float] = None
     frequency_penalty: Optional[float] = None
     logit_bias: Optional[Dict[str, float]] = None
-    logprobs: Optional[Union[bool, int]] = None
 
 
 class ChatRequest(_Sampling):
@@ -53,7 +59,8 @@ class ChatRequest(_Sampling):
     tool_choice: Union[str, Dict[str, Any], None] = None
     parallel_tool_calls: Optional[bool] = None
     response_format: Optional[Dict[str, Any]] = None
-    top_logprobs: Optional[int] = None
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
     chat_template_kwargs: Optional[Dict[str, Any]] = None
     reasoning_effort: Optional[str] = None
     metadata: Optional[Dict[str, Any]] = None
@@ -63,6 +70,7 @@ class ChatRequest(_Sampling):
 class CompletionRequest(_Sampling):
     prompt: Union[str, List[int], List[str]]
     max_tokens: Optional[int] = Field(16, ge=1)
+    logprobs: Optional[int] = Field(None, ge=0, le=20)  # the API caps it at 5
     echo: bool = False
     suffix: Optional[str] = None
     best_of: Optional[int] = None
@@ -73,18 +81,19 @@ def _unsupported(req: _Sampling):
     bad = []
     if req.n != 1:
         bad.append("n")
-    if req.logprobs:
-        bad.append("logprobs")
     if req.presence_penalty or req.frequency_penalty:
         bad.append("presence_penalty/frequency_penalty")
     if req.logit_bias:
         bad.append("logit_bias")
     if isinstance(req, ChatRequest):
-        if req.top_logprobs:
-            bad.append("top_logprobs")
+        if req.top_logprobs is not None and not req.logprobs:
+            raise APIError(
+                400, "top_logprobs requires logprobs to be true", param="top_logprobs"
+            )
         if req.response_format and req.response_format.get("type") != "text":
             bad.append("response_format")
         if req.tool_choice not in (None, "auto", "none"):
+            # Forcing a call needs constrained decoding, which we don't do.
             bad.append("tool_choice (only 'auto' and 'none')")
     if isinstance(req, CompletionRequest):
         if req.echo or req.suffix or (req.best_of or 1) != 1:
@@ -192,8 +201,8 @@ def _tool_call(call: dict, index: Optional[int] = None) -> dict:
 def make_router(engine: Engine) -> APIRouter:
     router = APIRouter()
 
-    def _job(req, prompt, max_tokens) -> Job:
-        temp = req.temperature or 0.0
+    def _job(req, prompt, max_tokens, logprobs) -> Job:
+        temp = engine.temperature(req.temperature, DEFAULT_TEMPERATURE)
         return engine.submit(
             Job(
                 prompt=prompt,
@@ -201,7 +210,9 @@ def make_router(engine: Engine) -> APIRouter:
                 temperature=temp,
                 top_p=req.top_p or 1.0,
                 top_k=req.top_k or 0,
+                min_p=req.min_p or 0.0,
                 seed=req.seed,
+                logprobs=logprobs,
                 engine=engine.engine_name(temp),
             )
         )
@@ -221,20 +232,30 @@ def make_router(engine: Engine) -> APIRouter:
         )
         check_length(engine, prompt, max_tokens)
         stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
-        job = _job(req, prompt, max_tokens)
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        job = _job(req, prompt, max_tokens, logprobs)
         engine.metrics.requests.labels("openai-chat", "accepted").inc()
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         head = {"id": rid, "created": created, "model": req.model}
-        parts = run_job(engine, job, stop=stop, tools=tools, request=request)
+        parts = run_job(
+            engine,
+            job,
+            stop=stop,
+            tools=tools,
+            max_calls=1 if req.parallel_tool_calls is False else None,
+            request=request,
+        )
+        lp = _ChatLogprobs(engine.tokenizer) if logprobs is not None else None
         if req.stream:
             usage_chunk = bool((req.stream_options or {}).get("include_usage"))
             return StreamingResponse(
-                _chat_stream(engine, parts, head, usage_chunk),
+                _chat_stream(engine, parts, head, usage_chunk, lp),
                 media_type="text/event-stream",
                 headers=engine_headers(engine, job),
             )
-        text, reasoning, calls = [], [], []
+        text, reasoning, calls, tokens = [], [], [], []
         async for p in parts:
+            tokens += p.logprobs
             if isinstance(p, Finish):
                 fin = p
             elif p.kind == "text":
@@ -260,7 +281,7 @@ def make_router(engine: Engine) -> APIRouter:
                 {
                     "index": 0,
                     "message": message,
-                    "logprobs": None,
+                    "logprobs": lp(tokens) if lp else None,
                     "finish_reason": _finish_reason(fin),
                 }
             ],
@@ -292,7 +313,7 @@ def make_router(engine: Engine) -> APIRouter:
             prompt = list(req.prompt)
         check_length(engine, prompt, req.max_tokens)
         stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
-        job = _job(req, prompt, req.max_tokens)
+        job = _job(req, prompt, req.max_tokens, req.logprobs)
         engine.metrics.requests.labels("openai-completions", "accepted").inc()
         head = {
             "id": f"cmpl-{uuid.uuid4().hex}",
@@ -301,15 +322,17 @@ def make_router(engine: Engine) -> APIRouter:
             "object": "text_completion",
         }
         parts = run_job(engine, job, stop=stop, raw=True, request=request)
+        lp = _CompletionLogprobs(engine.tokenizer) if req.logprobs is not None else None
         if req.stream:
             usage_chunk = bool((req.stream_options or {}).get("include_usage"))
             return StreamingResponse(
-                _completion_stream(engine, parts, head, usage_chunk),
+                _completion_stream(engine, parts, head, usage_chunk, lp),
                 media_type="text/event-stream",
                 headers=engine_headers(engine, job),
             )
-        text = []
+        text, tokens = [], []
         async for p in parts:
+            tokens += p.logprobs
             if isinstance(p, Finish):
                 fin = p
             else:
@@ -322,7 +345,7 @@ def make_router(engine: Engine) -> APIRouter:
                 {
                     "index": 0,
                     "text": "".join(text),
-                    "logprobs": None,
+                    "logprobs": lp(tokens) if lp else None,
                     "finish_reason": _finish_reason(fin),
                 }
             ],
@@ -334,10 +357,10 @@ def make_router(engine: Engine) -> APIRouter:
     return router
 
 
-async def _chat_stream(engine, parts, head, usage_chunk):
+async def _chat_stream(engine, parts, head, usage_chunk, lp):
     head = {**head, "object": "chat.completion.chunk"}
 
-    def chunk(delta, finish=None, **extra):
+    def chunk(delta, finish=None, tokens=(), **extra):
         return _sse(
             {
                 **head,
@@ -345,7 +368,7 @@ async def _chat_stream(engine, parts, head, usage_chunk):
                     {
                         "index": 0,
                         "delta": delta,
-                        "logprobs": None,
+                        "logprobs": lp(tokens) if lp and tokens else None,
                         "finish_reason": finish,
                     }
                 ],
@@ -360,53 +383,139 @@ async def _chat_stream(engine, parts, head, usage_chunk):
             if p.reason == "error":
                 yield _sse(_error_body(p.error))
                 break
-            yield chunk({}, _finish_reason(p), mlx_dflash=engine_info(engine, p.usage))
+            info = engine_info(engine, p.usage)
+            yield chunk({}, _finish_reason(p), p.logprobs, mlx_dflash=info)
             if usage_chunk:
                 yield _sse({**head, "choices": [], "usage": _usage(p.usage)})
         elif p.kind == "text":
-            yield chunk({"content": p.text})
+            yield chunk({"content": p.text}, tokens=p.logprobs)
         elif p.kind == "reasoning":
-            yield chunk({"reasoning_content": p.text})
+            yield chunk({"reasoning_content": p.text}, tokens=p.logprobs)
         else:
-            yield chunk({"tool_calls": [_tool_call(p.call, n_calls)]})
+            call = _tool_call(p.call, n_calls)
+            yield chunk({"tool_calls": [call]}, tokens=p.logprobs)
             n_calls += 1
     yield "data: [DONE]\n\n"
 
 
-async def _completion_stream(engine, parts, head, usage_chunk):
+async def _completion_stream(engine, parts, head, usage_chunk, lp):
+    def chunk(text, finish=None, tokens=(), **extra):
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": lp(tokens) if lp else None,
+            "finish_reason": finish,
+        }
+        return _sse({**head, "choices": [choice], **extra})
+
     async for p in parts:
         if isinstance(p, Finish):
             if p.reason == "error":
                 yield _sse(_error_body(p.error))
                 break
-            yield _sse(
-                {
-                    **head,
-                    "choices": [
-                        {
-                            "index": 0,
-                            "text": "",
-                            "logprobs": None,
-                            "finish_reason": _finish_reason(p),
-                        }
-                    ],
-                    "mlx_dflash": engine_info(engine, p.usage),
-                }
-            )
+            info = engine_info(engine, p.usage)
+            yield chunk("", _finish_reason(p), p.logprobs, mlx_dflash=info)
             if usage_chunk:
                 yield _sse({**head, "choices": [], "usage": _usage(p.usage)})
         else:
-            yield _sse(
-                {
-                    **head,
-                    "choices": [
-                        {
-                            "index": 0,
-                            "text": p.text,
-                            "logprobs": None,
-                            "finish_reason": None,
-                        }
-                    ],
-                }
-            )
+            yield chunk(p.text, tokens=p.logprobs)
     yield "data: [DONE]\n\n"
+
+
+# ---- log-probabilities -------------------------------------------------------------
+
+
+def _gpt2_byte_decoder() -> Dict[str, int]:
+    """Byte-level BPE's printable stand-ins for bytes (GPT-2's bytes_to_unicode)."""
+    keep = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    chars, n = list(keep), 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(keep, chars)}
+
+
+_BYTE_LEVEL = _gpt2_byte_decoder()
+_SPM_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+class TokenText:
+    """A token's own UTF-8 bytes and display string, as the API reports them.
+
+    Decoding one token alone drops BPE/SentencePiece leading spaces and turns
+    partial UTF-8 into U+FFFD, so we read the vocabulary piece instead, the
+    way mlx_lm's streaming detokenizer for this tokenizer does.
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.kind = type(tokenizer.detokenizer).__name__
+        self._memo: Dict[int, bytes] = {}
+
+    def bytes(self, token: int) -> bytes:
+        if token not in self._memo:
+            self._memo[token] = self._bytes(token)
+        return self._memo[token]
+
+    def _bytes(self, token: int) -> bytes:
+        tok = self.tokenizer
+        piece = tok.convert_ids_to_tokens(token)
+        if not isinstance(piece, str) or token in tok.all_special_ids:
+            return tok.decode([token]).encode()
+        if self.kind == "BPEStreamingDetokenizer":
+            if all(c in _BYTE_LEVEL for c in piece):
+                return bytes(_BYTE_LEVEL[c] for c in piece)
+        elif self.kind == "SPMStreamingDetokenizer":
+            m = _SPM_BYTE.fullmatch(piece)
+            return (
+                bytes([int(m[1], 16)]) if m else piece.replace("\u2581", " ").encode()
+            )
+        return tok.decode([token]).encode()
+
+    def text(self, token: int) -> str:
+        # Partial UTF-8 shows as escapes, never as U+FFFD.
+        return self.bytes(token).decode("utf-8", "backslashreplace")
+
+
+class _ChatLogprobs(TokenText):
+    """Chat format: {"content": [{token, logprob, bytes, top_logprobs}], "refusal"}."""
+
+    def entry(self, token: int, logprob: float) -> dict:
+        return {
+            "token": self.text(token),
+            "logprob": logprob,
+            "bytes": list(self.bytes(token)),
+        }
+
+    def __call__(self, tokens) -> dict:
+        content = [
+            {**self.entry(t, lp), "top_logprobs": [self.entry(*e) for e in top]}
+            for t, lp, top in tokens
+        ]
+        return {"content": content, "refusal": None}
+
+
+class _CompletionLogprobs(TokenText):
+    """Legacy completions format: parallel lists plus each token's text offset."""
+
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer)
+        self.offset = 0  # characters of completion text so far (streams span calls)
+
+    def __call__(self, tokens) -> dict:
+        out = {
+            "tokens": [],
+            "token_logprobs": [],
+            "top_logprobs": [],
+            "text_offset": [],
+        }
+        for t, lp, top in tokens:
+            text = self.text(t)
+            out["tokens"].append(text)
+            out["token_logprobs"].append(lp)
+            out["top_logprobs"].append({self.text(i): v for i, v in top})
+            out["text_offset"].append(self.offset)
+            self.offset += len(text)
+        return out

@@ -81,11 +81,15 @@ class PromptCache:
         return len(self._entries)
 
     def fetch(self, prompt: Sequence[int]) -> Tuple[Optional[Entry], int, int]:
-        """Take out the entry that covers the longest prefix of `prompt`.
+        """The entry that covers the longest prefix of `prompt`, for the caller to own.
 
-        Returns `(entry, reuse, trim)`: the entry now belongs to the caller, who
-        must trim `trim` tokens off its cache and drafter, leaving `reuse`
-        tokens (< len(prompt): the last prompt row must be run for logits).
+        Returns `(entry, reuse, trim)`: the caller must trim `trim` tokens off
+        its cache and drafter, leaving `reuse` tokens (< len(prompt): the last
+        prompt row must be run for logits). An entry the request reuses
+        (nearly) whole is taken out: the caller extends it and inserts it
+        back, as in an agent's next turn. One that would lose more than a
+        tenth is copied, so a conversation that shares only a prefix with it
+        (a template header, a system prompt) doesn't destroy it.
         `(None, 0, 0)` when nothing helps.
         """
         best, best_n = None, 0
@@ -96,8 +100,14 @@ class PromptCache:
                 best, best_n = key, n
         if best is None:
             return None, 0, 0
-        entry = self._entries.pop(best)
-        return entry, best_n, len(entry.tokens) - best_n
+        entry = self._entries[best]
+        trim = len(entry.tokens) - best_n
+        if trim * 10 > len(entry.tokens):
+            self._entries.move_to_end(best)
+            entry = copy.deepcopy(entry)
+        else:
+            del self._entries[best]
+        return entry, best_n, trim
 
     def insert(self, tokens: Sequence[int], cache: List[Any], drafter_state: dict):
         """Store an entry (owned by the store from now on) and evict to the budget."""
