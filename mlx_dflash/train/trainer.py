@@ -1,0 +1,306 @@
+"""The training loop: batches of sequences, AdamW with warmup + cosine, clipping,
+checkpoints (z-lab format + optimizer state) and resume, a progress line."""
+
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+
+from ..draft import DFlashDraft, DraftArgs, default_target_layer_ids, load_draft, save_draft
+from .data import Dataset
+from .objective import block_loss, default_gamma, sample_anchors, target_features
+
+
+@dataclass
+class TrainArgs:
+    steps: int = field(default=2000, metadata={"help": "optimizer steps (sets the schedule)"})
+    batch_size: int = field(default=16, metadata={"help": "sequences per step"})
+    anchors: int = field(default=512, metadata={"help": "max anchors per sequence"})
+    block_size: int = field(default=16, metadata={"help": "block size B"})
+    gamma: Optional[float] = field(default=None, metadata={"help": "loss decay (7 for B=16)"})
+    lr: float = field(default=6e-4, metadata={"help": "peak learning rate"})
+    warmup: int = field(default=100, metadata={"help": "linear warmup steps"})
+    min_lr_ratio: float = field(default=0.1, metadata={"help": "cosine floor / peak"})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
+    grad_clip: float = field(default=1.0, metadata={"help": "global grad-norm clip"})
+    max_len: int = field(default=1024, metadata={"help": "truncate sequences"})
+    seed: int = field(default=0, metadata={"help": "rng seed"})
+    save_every: int = field(default=500, metadata={"help": "checkpoint interval (steps)"})
+    report_every: int = field(default=10, metadata={"help": "progress interval (steps)"})
+    time_budget: Optional[float] = field(
+        default=None, metadata={"help": "seconds; the step count shrinks to fit after step 30"}
+    )
+
+
+def init_draft(
+    target,
+    *,
+    num_layers: int = 2,
+    num_features: Optional[int] = None,
+    mask_token_id: int,
+    block_size: int = 16,
+    intermediate_size: Optional[int] = None,
+    seed: int = 0,
+) -> DFlashDraft:
+    """A fresh drafter shaped after the target (hidden size, heads, rope)."""
+    a = target.lm.args
+    n_feat = num_features or num_layers
+    head_dim = getattr(a, "head_dim", None) or a.hidden_size // a.num_attention_heads
+    args = DraftArgs(
+        hidden_size=target.hidden_size,
+        intermediate_size=intermediate_size or a.intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=a.num_attention_heads,
+        num_key_value_heads=a.num_key_value_heads,
+        rms_norm_eps=a.rms_norm_eps,
+        vocab_size=a.vocab_size,
+        target_layer_ids=default_target_layer_ids(target.num_layers, n_feat),
+        mask_token_id=mask_token_id,
+        block_size=block_size,
+        num_target_layers=target.num_layers,
+        head_dim=head_dim,
+        rope_theta=float(getattr(a, "rope_theta", 1e6)),
+        rope_scaling=getattr(a, "rope_scaling", None),
+        max_position_embeddings=getattr(a, "max_position_embeddings", 40960),
+    )
+    mx.random.seed(seed)
+    draft = DFlashDraft(args)
+    draft.set_dtype(mx.float32)
+    mx.eval(draft.parameters())
+    return draft
+
+
+def schedule(args: TrainArgs, total: List[int]):
+    """Linear warmup then cosine to min_lr_ratio; `total[0]` may shrink mid-run."""
+
+    def lr(step):
+        step = step.astype(mx.float32)
+        warm = mx.minimum(1.0, (step + 1) / max(1, args.warmup))
+        span = max(1, total[0] - args.warmup)
+        t = mx.clip((step - args.warmup) / span, 0.0, 1.0)
+        cos = args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + mx.cos(math.pi * t))
+        return args.lr * warm * cos
+
+    return lr
+
+
+def make_batch(data: Dataset, idx: Sequence[int], args: TrainArgs, rng: np.random.Generator):
+    """Right-padded tokens, lengths, anchors and their validity for `idx`."""
+    seqs = [data.sequence(i)[: args.max_len] for i in idx]
+    S = max(len(s) for s in seqs)
+    S = -(-S // 64) * 64  # few distinct shapes: fewer kernel compiles on GPU
+    anchors = [sample_anchors(int(data.prompt_lens[i]), len(s), args.anchors, rng) for i, s in zip(idx, seqs)]
+    A = max(1, max(len(a) for a in anchors))
+    A = -(-A // 16) * 16
+    tok = np.zeros((len(seqs), S), dtype=np.int32)
+    anc = np.zeros((len(seqs), A), dtype=np.int32)
+    val = np.zeros((len(seqs), A), dtype=bool)
+    for n, (s, a) in enumerate(zip(seqs, anchors)):
+        tok[n, : len(s)] = s
+        anc[n, : len(a)] = a
+        val[n, : len(a)] = True
+    lengths = np.array([len(s) for s in seqs], dtype=np.int32)
+    return mx.array(tok), mx.array(lengths), mx.array(anc), mx.array(val)
+
+
+def _save_state(out: Path, draft, opt, step: int, rng: np.random.Generator, args: TrainArgs, total):
+    save_draft(draft, out)
+    state = dict(tree_flatten(opt.state))
+    # In a subdirectory: load_draft reads every *.safetensors file in `out`.
+    (out / "train_state").mkdir(exist_ok=True)
+    mx.save_safetensors(str(out / "train_state" / "optimizer.safetensors"), state)
+    with open(out / "train_state" / "trainer_state.json", "w") as f:
+        json.dump(
+            {"step": step, "total_steps": total[0], "rng": rng.bit_generator.state, "args": asdict(args)},
+            f,
+        )
+
+
+def _load_state(out: Path, opt):
+    with open(out / "train_state" / "trainer_state.json") as f:
+        st = json.load(f)
+    opt.state = tree_unflatten(list(mx.load(str(out / "train_state" / "optimizer.safetensors")).items()))
+    return st
+
+
+class Progress:
+    """One status line: step, loss, lr, tokens/s, per-block tau estimate, eta."""
+
+    def __init__(self, total: int, stream=sys.stderr):
+        self.stream, self.total, self.t0 = stream, total, time.perf_counter()
+        self.tty = stream.isatty()
+
+    def update(self, step: int, total: int, **vals):
+        el = time.perf_counter() - self.t0
+        eta = el / max(step, 1) * (total - step)
+        width = 20
+        fill = int(width * step / max(total, 1))
+        bar = "#" * fill + "." * (width - fill)
+        parts = " ".join(f"{k} {v}" for k, v in vals.items())
+        line = f"[{bar}] {step}/{total} {parts} | {el:.0f}s eta {eta:.0f}s"
+        print(("\r" if self.tty else "") + line, end="" if self.tty else "\n", file=self.stream, flush=True)
+
+    def close(self):
+        if self.tty:
+            print(file=self.stream)
+
+
+def train(
+    draft: DFlashDraft,
+    target,
+    data: Dataset,
+    args: TrainArgs,
+    *,
+    out,
+    resume: bool = False,
+    stop_after: Optional[int] = None,
+    log=print,
+):
+    """Train `draft` on `data` against the frozen `target`; checkpoints go to `out`.
+
+    `stop_after` ends the run at that step (checkpointed), as an interruption
+    would; `resume=True` continues from the checkpoint in `out`.
+
+    Returns the per-step history of (loss, tau estimate) at report steps.
+    """
+    out = Path(out)
+    gamma = args.gamma or default_gamma(args.block_size)
+    total = [args.steps]
+    opt = optim.AdamW(learning_rate=schedule(args, total), weight_decay=args.weight_decay)
+    opt.init(draft.trainable_parameters())
+    rng = np.random.default_rng(args.seed)
+    start = 0
+    if resume and (out / "train_state" / "trainer_state.json").is_file():
+        loaded = load_draft(out)
+        draft.update(loaded.parameters())
+        st = _load_state(out, opt)
+        start, total[0] = st["step"], st["total_steps"]
+        rng.bit_generator.state = st["rng"]
+        log(f"resumed from {out} at step {start}")
+    target.set_capture_layers(draft.args.target_layer_ids)
+    if len(data) == 0:
+        raise ValueError("the training set is empty")
+
+    def loss_fn(model, tok, lengths, feats, anc, val):
+        return block_loss(model, target, tok, lengths, feats, anc, val, gamma=gamma)
+
+    grad_fn = nn.value_and_grad(draft, loss_fn)
+
+    def step_fn(tok, lengths, anc, val):
+        feats = target_features(target, tok)
+        (loss, stats), grads = grad_fn(draft, tok, lengths, feats, anc, val)
+        grads, norm = optim.clip_grad_norm(grads, args.grad_clip)
+        opt.update(draft, grads)
+        return loss, stats, norm
+
+    order = rng.permutation(len(data))
+    pos = (start * args.batch_size) % len(data)
+    prog = Progress(total[0])
+    history, acc = [], dict(loss=0.0, n=0, accepted=0, blocks=0, tokens=0)
+    t_last, t_start = time.perf_counter(), time.perf_counter()
+    step = start
+    while step < total[0]:
+        if pos + args.batch_size > len(order):
+            order, pos = rng.permutation(len(data)), 0
+        idx = order[pos : pos + args.batch_size]
+        pos += args.batch_size
+        tok, lengths, anc, val = make_batch(data, idx, args, rng)
+        loss, stats, norm = step_fn(tok, lengths, anc, val)
+        mx.eval(loss, stats, draft.parameters(), opt.state)
+        step += 1
+        acc["loss"] += loss.item()
+        acc["n"] += 1
+        acc["accepted"] += stats["accepted"].item()
+        acc["blocks"] += stats["blocks"].item()
+        acc["tokens"] += int(stats["valid"].sum().item())
+        if step == start + 10:
+            t_ten = time.perf_counter()  # the first steps include kernel compiles
+        if step == start + 30 and args.time_budget:
+            per = (time.perf_counter() - t_ten) / 20
+            fit = step + int((args.time_budget - (time.perf_counter() - t_start)) / per)
+            if fit < total[0]:
+                total[0] = max(fit, step + 1)
+                log(f"time budget: {per * 1000:.0f} ms/step, training {total[0]} steps")
+        if step % args.report_every == 0 or step == total[0]:
+            now = time.perf_counter()
+            tau = 1 + acc["accepted"] / max(acc["blocks"], 1)
+            rec = dict(step=step, loss=acc["loss"] / acc["n"], tau_est=tau)
+            history.append(rec)
+            lr = opt.learning_rate.item() if isinstance(opt.learning_rate, mx.array) else 0.0
+            prog.update(
+                step,
+                total[0],
+                loss=f"{rec['loss']:.3f}",
+                tau_est=f"{tau:.2f}",
+                lr=f"{lr:.1e}",
+                tok_s=f"{acc['tokens'] / (now - t_last):.0f}",
+            )
+            acc = dict(loss=0.0, n=0, accepted=0, blocks=0, tokens=0)
+            t_last = now
+        if args.save_every and step % args.save_every == 0:
+            _save_state(out, draft, opt, step, rng, args, total)
+        if stop_after is not None and step >= stop_after:
+            break
+    prog.close()
+    _save_state(out, draft, opt, step, rng, args, total)
+    return history
+
+
+def evaluate_tau(
+    target,
+    draft: DFlashDraft,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_tokens: int = 128,
+    block_size: int = 16,
+    stop_tokens: Sequence[int] = (),
+    check_lossless: bool = True,
+):
+    """Mean tau of greedy DFlash decoding on `prompts`, checked against plain greedy.
+
+    Returns `(stats, per-prompt taus, identical)`: `stats` is a `SpecStats` over
+    all cycles (its `tau` is the mean accepted length per cycle); `identical`
+    says every output equalled mlx_lm's own greedy `generate_step`.
+    """
+    from mlx_lm.generate import generate_step as mlx_generate_step
+
+    from ..decode import SpecStats, generate_step
+    from ..drafters import DFlashDrafter
+
+    target.set_capture_layers(draft.args.target_layer_ids)
+    stats = SpecStats(block_size)
+    taus, identical = [], True
+    for p in prompts:
+        s = SpecStats(block_size)
+        drafter = DFlashDrafter(draft, target)
+        out = [
+            t
+            for t, _ in generate_step(
+                target, list(p), drafter, max_tokens=max_tokens, block_size=block_size,
+                stop_tokens=stop_tokens, stats=s,
+            )
+        ]
+        stats.cycles += s.cycles
+        stats.drafted += s.drafted
+        stats.accepted += s.accepted
+        stats.emitted += s.emitted
+        stats.accepted_at = [x + y for x, y in zip(stats.accepted_at, s.accepted_at)]
+        stats.drafted_at = [x + y for x, y in zip(stats.drafted_at, s.drafted_at)]
+        taus.append(s.tau)
+        if check_lossless:
+            ref = []
+            for tok, _ in mlx_generate_step(mx.array(list(p)), target.model, max_tokens=len(out)):
+                ref.append(int(tok))
+                if int(tok) in set(stop_tokens):
+                    break
+            identical &= ref == out
+    return stats, taus, identical

@@ -1,0 +1,176 @@
+"""Trainer: objective against the inference path, mask, weights, steps, checkpoints."""
+
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_dflash.draft import DFlashDraft, DraftArgs, load_draft, save_draft
+from mlx_dflash.target import Target
+from mlx_dflash.train.data import Dataset, build_prompts
+from mlx_dflash.train.objective import (
+    block_attention_mask,
+    block_loss,
+    draft_blocks_forward,
+    make_blocks,
+    position_weights,
+    sample_anchors,
+    target_features,
+)
+from mlx_dflash.train.trainer import TrainArgs, init_draft, train
+
+from models import VOCAB, tiny_model
+
+MASK = VOCAB - 1
+
+
+def _setup(block_size=4, layers=2, seed=0):
+    target = Target(tiny_model("llama", seed=seed))
+    draft = init_draft(target, num_layers=layers, mask_token_id=MASK, block_size=block_size, seed=1)
+    target.set_capture_layers(draft.args.target_layer_ids)
+    return target, draft
+
+
+def _random_tokens(n, s, seed=0):
+    return mx.array(np.random.default_rng(seed).integers(3, VOCAB - 1, (n, s)))
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_training_forward_matches_inference(block_size):
+    target, draft = _setup(block_size)
+    tok = _random_tokens(2, 40)
+    feats = target_features(target, tok)
+    anchors = mx.array([[3, 11, 20], [5, 17, 23]])
+    ids, _, _ = make_blocks(tok, anchors, block_size, MASK)
+    h = draft_blocks_forward(draft, target.embed(ids), feats, anchors)
+    for n in range(2):
+        for a in range(3):
+            p = anchors[n, a].item()
+            cache = draft.make_cache()
+            draft.append_context(feats[n : n + 1, :p], cache)
+            ref = draft(target.embed(ids[n : n + 1, a]), cache)
+            assert mx.allclose(ref[0], h[n, a], atol=1e-5).item()
+
+
+def test_mask_blocks_see_only_own_block_and_earlier_context():
+    B, S = 4, 12
+    anchors = mx.array([[2, 5, 9]])
+    m = np.array(block_attention_mask(anchors, S, B)[0, 0])
+    assert m.shape == (3 * B, S + 3 * B)
+    for q in range(3 * B):
+        a = q // B
+        p = int(anchors[0, a].item())
+        ctx = m[q, :S]
+        assert ctx[:p].all() and not ctx[p:].any()  # strictly before the anchor
+        blk = m[q, S:].reshape(3, B)
+        assert blk[a].all()  # itself, bidirectionally
+        assert not np.delete(blk, a, axis=0).any()  # no other block
+
+
+def test_mask_changing_other_blocks_or_later_context_changes_nothing():
+    target, draft = _setup(4)
+    tok = _random_tokens(1, 30)
+    feats = target_features(target, tok)
+    anchors = mx.array([[6, 14]])
+    ids, _, _ = make_blocks(tok, anchors, 4, MASK)
+    emb = target.embed(ids)
+    h = draft_blocks_forward(draft, emb, feats, anchors)
+    # Perturb the second block's inputs and all context at/after the first anchor.
+    emb2 = mx.concatenate([emb[:, :1], emb[:, 1:] + 1.0], axis=1)
+    feats2 = mx.concatenate([feats[:, :6], feats[:, 6:] * -3.0], axis=1)
+    h2 = draft_blocks_forward(draft, emb2, feats2, anchors)
+    assert mx.allclose(h[:, 0], h2[:, 0], atol=1e-6).item()
+    assert not mx.allclose(h[:, 1], h2[:, 1], atol=1e-3).item()
+
+
+def test_loss_weights_and_label_masking():
+    w = position_weights(16, 7.0)
+    assert w.shape == (15,)
+    assert math.isclose(w[0].item(), 1.0)
+    assert math.isclose(w[7].item(), math.exp(-1.0), rel_tol=1e-6)
+    # Labels past the sequence end do not count: padding after it is irrelevant.
+    target, draft = _setup(4)
+    tok = _random_tokens(1, 16)
+    lengths = mx.array([10])
+    anchors, valid = mx.array([[7, 8]]), mx.array([[True, True]])
+    feats = target_features(target, tok)
+    loss, stats = block_loss(draft, target, tok, lengths, feats, anchors, valid, gamma=7.0)
+    tok2 = mx.concatenate([tok[:, :10], mx.zeros((1, 6), tok.dtype)], axis=1)
+    loss2, _ = block_loss(
+        draft, target, tok2, lengths, target_features(target, tok2), anchors, valid, gamma=7.0
+    )
+    assert math.isclose(loss.item(), loss2.item(), rel_tol=1e-5)
+    assert stats["valid"].tolist() == [2, 1, 0]  # anchor 7: 8,9 ; anchor 8: 9
+
+
+def test_anchors_are_response_positions():
+    rng = np.random.default_rng(0)
+    a = sample_anchors(10, 30, 512, rng)
+    assert len(a) == 19 and a.min() >= 10 and a.max() <= 28
+    assert len(sample_anchors(10, 30, 5, rng)) == 5
+    assert len(sample_anchors(10, 11, 5, rng)) == 0
+
+
+def _tiny_data(target, n=12, prompt_len=6, resp=24, seed=0):
+    # Self-distilled: the tiny target's own greedy continuation of random prompts.
+    from mlx_lm.generate import generate_step
+
+    rng = np.random.default_rng(seed)
+    seqs, plens = [], []
+    for _ in range(n):
+        p = rng.integers(3, VOCAB - 1, prompt_len).tolist()
+        out = [int(t) for t, _ in generate_step(mx.array(p), target.model, max_tokens=resp)]
+        seqs.append(p + out)
+        plens.append(prompt_len)
+    return Dataset.from_lists(seqs, plens)
+
+
+def test_a_few_steps_lower_the_loss(tmp_path):
+    target, draft = _setup(4, layers=1)
+    data = _tiny_data(target)
+    args = TrainArgs(steps=30, batch_size=4, anchors=8, block_size=4, lr=3e-3, warmup=3,
+                     save_every=0, report_every=5)
+    hist = train(draft, target, data, args, out=tmp_path, log=lambda m: None)
+    assert hist[-1]["loss"] < 0.8 * hist[0]["loss"]
+
+
+def test_checkpoint_round_trip_and_resume(tmp_path):
+    target, draft = _setup(4, layers=1)
+    data = _tiny_data(target, n=8)
+    args = TrainArgs(steps=8, batch_size=4, anchors=8, block_size=4, warmup=1, save_every=2,
+                     report_every=1)
+    train(draft, target, data, args, out=tmp_path, stop_after=4, log=lambda m: None)
+    loaded = load_draft(tmp_path, target=target)
+    tok = _random_tokens(1, 20)
+    feats = target_features(target, tok)
+    emb = target.embed(mx.array([[5] + [MASK] * 3]))
+    outs = []
+    for d in (draft, loaded):
+        cache = d.make_cache()
+        d.append_context(feats[:, :9], cache)
+        outs.append(d(emb, cache))
+    assert mx.array_equal(outs[0], outs[1]).item()
+
+    # Resume: 4 more steps continue from step 4 and reproduce an uninterrupted 8-step run.
+    resumed = init_draft(target, num_layers=1, mask_token_id=MASK, block_size=4, seed=7)
+    train(resumed, target, data, args, out=tmp_path, resume=True, log=lambda m: None)
+    straight = init_draft(target, num_layers=1, mask_token_id=MASK, block_size=4, seed=1)
+    train(straight, target, data, args, out=tmp_path / "b", log=lambda m: None)
+    for (k, a), (_, b) in zip(
+        sorted(dict(_flat(resumed)).items()), sorted(dict(_flat(straight)).items())
+    ):
+        assert mx.allclose(a, b, atol=1e-5).item(), k
+
+
+def _flat(model):
+    from mlx.utils import tree_flatten
+
+    return tree_flatten(model.parameters())
+
+
+def test_prompt_set_is_offline_and_split():
+    train_p, held = build_prompts()
+    assert len(train_p) > 5000 and 50 < len(held) < len(train_p) // 10
+    assert not {p.text for p in train_p} & {p.text for p in held}
+    assert {p.kind for p in train_p} == {"code", "general"}
