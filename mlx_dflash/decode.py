@@ -39,6 +39,11 @@ class SpecStats:
     emitted: int = 0
     accepted_at: List[int] = field(default_factory=list)
     drafted_at: List[int] = field(default_factory=list)
+    # Acceptance-collapse fallback: tokens and seconds decoded plainly / speculatively.
+    plain_tokens: int = 0
+    plain_seconds: float = 0.0
+    spec_seconds: float = 0.0
+    fallbacks: int = 0
 
     def __post_init__(self):
         self.accepted_at = [0] * max(self.block_size - 1, 0)
@@ -64,7 +69,8 @@ class SpecStats:
 
     @property
     def draft_share(self) -> float:
-        return self.accepted / self.emitted if self.emitted else 0.0
+        total = self.emitted + self.plain_tokens
+        return self.accepted / total if total else 0.0
 
     @property
     def per_position(self) -> List[float]:
@@ -81,7 +87,77 @@ class SpecStats:
             "drafted": self.drafted,
             "accepted": self.accepted,
             "per_position_acceptance": [round(p, 4) for p in self.per_position],
+            "fallback": {
+                "switches_to_plain": self.fallbacks,
+                "plain_tokens": self.plain_tokens,
+                "plain_seconds": round(self.plain_seconds, 4),
+                "speculative_seconds": round(self.spec_seconds, 4),
+            },
         }
+
+
+@dataclass
+class Fallback:
+    """Decode plainly while speculation costs more time per token than it saves.
+
+    Speculation pays when tokens per cycle (tau) exceed the cycle's cost in
+    plain decoding steps. After `window` speculative cycles below break-even,
+    decode `plain_tokens` tokens plainly, then probe speculation again for
+    `window` cycles; each failed probe doubles the plain stretch (up to
+    `max_plain`), so a collapsed drafter costs only the short probes, never a
+    full block every cycle.
+
+    Args:
+        window: speculative cycles per decision.
+        plain_tokens: first plain stretch.
+        max_plain: longest plain stretch.
+        break_even: fixed tau threshold; None = measured from the run's own
+          timings (seconds per token speculatively vs plainly).
+    """
+
+    window: int = 4
+    plain_tokens: int = 16
+    max_plain: int = 256
+    break_even: Optional[float] = None
+
+
+class _FallbackState:
+    def __init__(self, cfg: Fallback):
+        self.cfg = cfg
+        self.stretch = cfg.plain_tokens
+        self.plain_left = 0
+        self.recent: List[Tuple[int, float]] = []  # (tokens, seconds) per spec cycle
+        self.plain_cost: Optional[float] = None  # seconds per plain token (EMA)
+
+    @property
+    def plain(self) -> bool:
+        return self.plain_left > 0
+
+    def after_plain(self, seconds: float):
+        self.plain_left -= 1
+        c = self.plain_cost
+        self.plain_cost = seconds if c is None else 0.8 * c + 0.2 * seconds
+
+    def after_spec(self, tokens: int, seconds: float, stats: SpecStats):
+        self.recent.append((tokens, seconds))
+        if len(self.recent) < self.cfg.window:
+            return
+        n = sum(t for t, _ in self.recent)
+        secs = sum(t for _, t in self.recent)
+        tau = n / len(self.recent)
+        self.recent = []
+        if self.cfg.break_even is not None:
+            losing = tau < self.cfg.break_even
+        elif self.plain_cost is None:
+            losing = True  # measure plain decoding once, then compare
+        else:
+            losing = secs / n > self.plain_cost
+        if losing:
+            self.plain_left = self.stretch
+            self.stretch = min(2 * self.stretch, self.cfg.max_plain)
+            stats.fallbacks += 1
+        else:
+            self.stretch = self.cfg.plain_tokens
 
 
 def prefill(
@@ -127,6 +203,7 @@ def generate_step(
     cached: int = 0,
     sampling: Optional[SamplingParams] = None,
     logprobs: Optional[int] = None,
+    fallback: Optional[Fallback] = None,
     stats: Optional[SpecStats] = None,
 ) -> Generator[tuple, None, None]:
     """Speculative decoding whose output is the target's own.
@@ -149,6 +226,7 @@ def generate_step(
         sampling: temperature / top-p / top-k / min-p / seed (default greedy).
         logprobs: None, or the number of top log-probabilities to return with
           each token (0 = only the token's own).
+        fallback: decode plainly while speculation does not pay (None = never).
         stats: filled in as cycles complete.
 
     When the generator is exhausted, `cache` and the drafter hold
@@ -186,9 +264,12 @@ def generate_step(
         return
 
     sampled_drafts = not params.greedy and hasattr(drafter, "propose_sampled")
+    fb = _FallbackState(fallback) if fallback is not None and block_size > 1 else None
+    tic = time.perf_counter()
     while n_out < max_tokens:
+        plain = fb is not None and fb.plain
         # Never verify more than can still be emitted: exact max_tokens, less work.
-        n_draft = min(block_size, max_tokens - n_out) - 1
+        n_draft = 0 if plain else min(block_size, max_tokens - n_out) - 1
         key, k_draft, k_accept = mx.random.split(key, 3)
         q = None
         if n_draft == 0:
@@ -228,7 +309,16 @@ def generate_step(
         kept = m
         rollback(cache, target.delta_taps, saved, verified=len(draft) + 1, kept=kept)
         drafter.commit([y] + emitted[:-1], None if features is None else features[:, :kept])
-        stats.record(drafted=len(draft), accepted=min(a, m), emitted=m)
+        now = time.perf_counter()
+        if plain:
+            fb.after_plain(now - tic)
+            stats.plain_tokens += m
+            stats.plain_seconds += now - tic
+        else:
+            stats.record(drafted=len(draft), accepted=min(a, m), emitted=m)
+            stats.spec_seconds += now - tic
+            if fb is not None:
+                fb.after_spec(m, now - tic, stats)
 
         for i, t in enumerate(emitted):
             yield _out(t, i < a, lp, i, logprobs, from_draft_row=i < a)
@@ -236,6 +326,7 @@ def generate_step(
         y = emitted[-1]
         if y in stop:
             return
+        tic = time.perf_counter()
 
 
 def _logprobs(logits, candidates, top: Optional[int], draft=None):
@@ -301,6 +392,7 @@ def stream_generate(
     cached: int = 0,
     sampling: Optional[SamplingParams] = None,
     logprobs: Optional[int] = None,
+    fallback: Optional[Fallback] = None,
 ) -> Generator[GenerationResponse, None, None]:
     """Stream text like `mlx_lm.stream_generate`, decoding speculatively.
 
@@ -309,7 +401,7 @@ def stream_generate(
         tokenizer: an mlx_lm `TokenizerWrapper`.
         prompt: a string (encoded as-is) or token ids.
         max_tokens, block_size, prefill_step_size, cache, cached, sampling,
-          logprobs: see `generate_step`.
+          logprobs, fallback: see `generate_step`.
         stop_tokens: default: the tokenizer's EOS ids.
     """
     if max_tokens < 1:
@@ -339,6 +431,7 @@ def stream_generate(
             cached=cached,
             sampling=sampling,
             logprobs=logprobs,
+            fallback=fallback,
             stats=stats,
         )
     ):

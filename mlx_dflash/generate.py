@@ -6,7 +6,7 @@ import sys
 
 import mlx.core as mx
 
-from .decode import stream_generate
+from .decode import Fallback, stream_generate
 from .load import load_target, make_drafter
 from .sampling import SamplingParams
 
@@ -54,6 +54,12 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--min-p", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=None, help="PRNG seed for sampling")
     parser.add_argument("--prefill-step-size", type=int, default=2048)
+    parser.add_argument(
+        "--no-fallback",
+        action="store_true",
+        help="always speculate, even while acceptance is below break-even "
+        "(default: decode plainly for a while and re-probe)",
+    )
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object: text, token ids, stats"
     )
@@ -106,6 +112,7 @@ def run(args) -> dict:
         block_size=block_size,
         prefill_step_size=args.prefill_step_size,
         sampling=sampling,
+        fallback=None if args.no_fallback else Fallback(),
     ):
         pieces.append(r.text)
         tokens.append(r.token)
@@ -152,7 +159,9 @@ def main(argv=None):
         f"{result['prompt_tps']:.1f} tok/s | generation: {result['generation_tokens']} "
         f"tokens, {result['generation_tps']:.1f} tok/s | drafter {result['drafter']}, "
         f"block {s['block_size']}, tau {s['tau']:.2f} (mean accepted length incl. bonus), "
-        f"per-draft-token acceptance {s['acceptance_rate']:.1%} | "
+        f"per-draft-token acceptance {s['acceptance_rate']:.1%}, "
+        f"{s['fallback']['plain_tokens']} tokens decoded plainly (acceptance below "
+        f"break-even) | "
         f"peak memory {result['peak_memory_gb']:.2f} GB",
         file=sys.stderr,
     )

@@ -78,6 +78,12 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--dtype", choices=["float32", "float16", "bfloat16"], default=None
     )
+    parser.add_argument(
+        "--no-fallback",
+        action="store_true",
+        help="always speculate, even while acceptance is below break-even "
+        "(default: decode plainly for a while and re-probe)",
+    )
     parser.add_argument("--log-level", default="info")
     return parser
 
@@ -108,6 +114,11 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.default_temperature is not None and args.default_temperature < 0:
         parser.error("--default-temperature must be >= 0")
+    if args.model is not None and args.draft is None:
+        parser.error(
+            "--draft is required with --model: a DFlash checkpoint directory, "
+            "'lookup' or 'none' (train one with `mlx-dflash train`)"
+        )
     if args.model is None:
         from .gguf import find_default_gguf
 
@@ -119,6 +130,7 @@ def main(argv=None):
 
     import uvicorn
 
+    from .decode import Fallback
     from .server import Engine, EngineConfig, create_app
 
     config = EngineConfig(
@@ -128,6 +140,7 @@ def main(argv=None):
         prefill_step_size=args.prefill_step_size,
         default_max_tokens=args.max_tokens,
         default_temperature=args.default_temperature,
+        fallback=None if args.no_fallback else Fallback(),
         chat_template_args=args.chat_template_args,
     )
     try:

@@ -17,7 +17,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import mlx.core as mx
 from mlx_lm.models.cache import trim_prompt_cache
 
-from ..decode import SpecStats, generate_step, prefill
+from ..decode import Fallback, SpecStats, generate_step, prefill
 from ..sampling import SamplingParams
 from .metrics import Metrics
 from .prompt_cache import PromptCache, load_drafter, save_drafter
@@ -42,6 +42,8 @@ class EngineConfig:
     # Temperature of requests that name none; None: each API's documented default.
     default_temperature: Optional[float] = None
     chat_template_args: dict = field(default_factory=dict)
+    # Plain decoding while speculation does not pay (None: always speculate).
+    fallback: Optional[Fallback] = field(default_factory=Fallback)
 
 
 @dataclass
@@ -249,6 +251,7 @@ class Engine:
             cached=run_from,
             sampling=sampling,
             logprobs=job.logprobs,
+            fallback=self.config.fallback,
             stats=stats,
         )
 
