@@ -23,7 +23,9 @@ def main():
     mx.eval(q, K, V)
     for mode in ("plain", "bucketed"):
         times = []
-        for offset in range(1000, 1000 + 40 * 7, 7):  # 40 cycles, 7 tokens accepted each
+        for offset in range(
+            1000, 1000 + 40 * 7, 7
+        ):  # 40 cycles, 7 tokens accepted each
             n = offset + Q
             tic = time.perf_counter()
             if mode == "plain":
@@ -34,15 +36,26 @@ def main():
             else:
                 cap = -(-n // 256) * 256
                 out = mx.fast.scaled_dot_product_attention(
-                    q, K[:, :, :cap], V[:, :, :cap], scale=D**-0.5,
+                    q,
+                    K[:, :, :cap],
+                    V[:, :, :cap],
+                    scale=D**-0.5,
                     mask=bucket_mask(Q, offset, cap),
                 )
             mx.eval(out)
             times.append((time.perf_counter() - tic) * 1e3)
         times.sort()
-        print(json.dumps({"mode": mode, "median_ms": round(times[len(times) // 2], 3),
-                          "max_ms": round(times[-1], 3), "mean_ms": round(sum(times) / len(times), 3),
-                          "device": str(mx.default_device())}))
+        print(
+            json.dumps(
+                {
+                    "mode": mode,
+                    "median_ms": round(times[len(times) // 2], 3),
+                    "max_ms": round(times[-1], 3),
+                    "mean_ms": round(sum(times) / len(times), 3),
+                    "device": str(mx.default_device()),
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

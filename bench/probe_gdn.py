@@ -49,8 +49,17 @@ def main():
             mx.abs(s1 - s2.astype(mx.float32)).max().item(),
         )
         for name, fn in (("mlx_lm", stock), ("mx.fast", core)):
-            print(json.dumps({"T": T, "impl": name, "ms": round(timeit(fn), 4),
-                              "max_abs_diff": diff, "device": str(mx.default_device())}))
+            print(
+                json.dumps(
+                    {
+                        "T": T,
+                        "impl": name,
+                        "ms": round(timeit(fn), 4),
+                        "max_abs_diff": diff,
+                        "device": str(mx.default_device()),
+                    }
+                )
+            )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Probe: where a Qwen3.5-9B-shape GatedDeltaNet layer spends its time, T=1 vs T=16.
 
-    python bench/probe_gdn_layer.py
+python bench/probe_gdn_layer.py
 """
 
 import json
@@ -25,10 +25,19 @@ def timeit(fn, reps=30):
 
 def main():
     args = TextModelArgs(
-        model_type="qwen3_5_text", hidden_size=4096, num_hidden_layers=4,
-        intermediate_size=12288, num_attention_heads=16, num_key_value_heads=4,
-        head_dim=256, rms_norm_eps=1e-6, vocab_size=1000, linear_num_value_heads=32,
-        linear_num_key_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
+        model_type="qwen3_5_text",
+        hidden_size=4096,
+        num_hidden_layers=4,
+        intermediate_size=12288,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        head_dim=256,
+        rms_norm_eps=1e-6,
+        vocab_size=1000,
+        linear_num_value_heads=32,
+        linear_num_key_heads=16,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
         linear_conv_kernel_dim=4,
     )
     stock = GatedDeltaNet(args)

@@ -20,21 +20,42 @@ from mlx_dflash.target import Target
 
 SHAPES = {
     "qwen3_8b": dict(
-        model_type="qwen3", hidden_size=4096, num_hidden_layers=36, intermediate_size=12288,
-        num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
-        vocab_size=151936, max_position_embeddings=40960, rope_theta=1e6,
+        model_type="qwen3",
+        hidden_size=4096,
+        num_hidden_layers=36,
+        intermediate_size=12288,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        rms_norm_eps=1e-6,
+        vocab_size=151936,
+        max_position_embeddings=40960,
+        rope_theta=1e6,
         tie_word_embeddings=False,
     ),
     "qwen3_5_9b": dict(
         model_type="qwen3_5",
         text_config=dict(
-            model_type="qwen3_5_text", hidden_size=4096, num_hidden_layers=32,
-            intermediate_size=12288, num_attention_heads=16, num_key_value_heads=4,
-            head_dim=256, rms_norm_eps=1e-6, vocab_size=248320,
-            max_position_embeddings=262144, linear_num_value_heads=32,
-            linear_num_key_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
-            linear_conv_kernel_dim=4, full_attention_interval=4, tie_word_embeddings=False,
-            rope_parameters=dict(type="default", rope_theta=1e7, partial_rotary_factor=0.25),
+            model_type="qwen3_5_text",
+            hidden_size=4096,
+            num_hidden_layers=32,
+            intermediate_size=12288,
+            num_attention_heads=16,
+            num_key_value_heads=4,
+            head_dim=256,
+            rms_norm_eps=1e-6,
+            vocab_size=248320,
+            max_position_embeddings=262144,
+            linear_num_value_heads=32,
+            linear_num_key_heads=16,
+            linear_key_head_dim=128,
+            linear_value_head_dim=128,
+            linear_conv_kernel_dim=4,
+            full_attention_interval=4,
+            tie_word_embeddings=False,
+            rope_parameters=dict(
+                type="default", rope_theta=1e7, partial_rotary_factor=0.25
+            ),
         ),
     ),
 }
@@ -42,8 +63,9 @@ SHAPES = {
 
 def build(name, layers):
     cfg = json.loads(json.dumps(SHAPES[name]))
-    (cfg.get("text_config") or cfg)["num_hidden_layers"] = layers or (
-        cfg.get("text_config") or cfg)["num_hidden_layers"]
+    (cfg.get("text_config") or cfg)["num_hidden_layers"] = (
+        layers or (cfg.get("text_config") or cfg)["num_hidden_layers"]
+    )
     model_cls, args_cls = _get_classes(cfg)
     model = model_cls(args_cls.from_dict(cfg))
     model.set_dtype(mx.bfloat16)
@@ -108,11 +130,19 @@ def main():
     for _ in range(3):
         verify_cycle()
     verify_ms = timed(verify_cycle, args.reps)
-    print(json.dumps({
-        "shape": args.shape, "layers": args.layers, "context": args.context,
-        "ar_step_ms": round(ar_ms, 3), "verify16_plus_rollback_ms": round(verify_ms, 3),
-        "ratio": round(verify_ms / ar_ms, 3), "device": str(mx.default_device()),
-    }))
+    print(
+        json.dumps(
+            {
+                "shape": args.shape,
+                "layers": args.layers,
+                "context": args.context,
+                "ar_step_ms": round(ar_ms, 3),
+                "verify16_plus_rollback_ms": round(verify_ms, 3),
+                "ratio": round(verify_ms / ar_ms, 3),
+                "device": str(mx.default_device()),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@ import sys
 COMMANDS = {
     "generate": ("mlx_dflash.generate", "generate text with speculative decoding"),
     "serve": ("mlx_dflash.serve", "OpenAI- and Anthropic-compatible HTTP server"),
-    "bench": ("mlx_dflash.bench.cli", "benchmark against stock mlx_lm (speedup, tau, efficiency)"),
+    "bench": (
+        "mlx_dflash.bench.cli",
+        "benchmark against stock mlx_lm (speedup, tau, efficiency)",
+    ),
     "train": ("mlx_dflash.train.cli", "distil a DFlash drafter for any mlx_lm model"),
 }
 

@@ -244,7 +244,11 @@ def generate_step(
     stop = set(int(t) for t in stop_tokens)
     cache = target.make_cache() if cache is None else cache
     stats = SpecStats(block_size) if stats is None else stats
-    seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(4), "little")
+    seed = (
+        params.seed
+        if params.seed is not None
+        else int.from_bytes(os.urandom(4), "little")
+    )
     key = mx.random.key(seed)
 
     logits = prefill(
@@ -293,7 +297,11 @@ def generate_step(
 
         # --- accept: the one host sync of the cycle
         mx.eval(accepted, candidates, draft, lp)
-        accepted, candidates, draft = accepted.tolist(), candidates.tolist(), draft.tolist()
+        accepted, candidates, draft = (
+            accepted.tolist(),
+            candidates.tolist(),
+            draft.tolist(),
+        )
         a = 0
         while a < len(draft) and accepted[a]:
             a += 1
@@ -308,7 +316,9 @@ def generate_step(
         # --- commit / rollback: caches keep anchor + emitted[:-1]
         kept = m
         rollback(cache, target.delta_taps, saved, verified=len(draft) + 1, kept=kept)
-        drafter.commit([y] + emitted[:-1], None if features is None else features[:, :kept])
+        drafter.commit(
+            [y] + emitted[:-1], None if features is None else features[:, :kept]
+        )
         now = time.perf_counter()
         if plain:
             fb.after_plain(now - tic)
@@ -418,6 +428,23 @@ def stream_generate(
     prompt_tps = 0.0
     n = 0
     token, from_draft, lp = None, False, (None, None)
+
+    def response(finish_reason):
+        return GenerationResponse(
+            text=detok.last_segment,
+            token=token,
+            from_draft=from_draft,
+            prompt_tokens=len(prompt),
+            prompt_tps=prompt_tps,
+            generation_tokens=n + 1,
+            generation_tps=(n + 1) / max(time.perf_counter() - tic, 1e-9),
+            peak_memory=mx.get_peak_memory() / 1e9,
+            finish_reason=finish_reason,
+            stats=stats,
+            logprob=lp[0],
+            top_logprobs=lp[1],
+        )
+
     for n, step in enumerate(
         generate_step(
             target,
@@ -446,31 +473,6 @@ def stream_generate(
         detok.add_token(token)
         if n + 1 == max_tokens:
             break
-        yield GenerationResponse(
-            text=detok.last_segment,
-            token=token,
-            from_draft=from_draft,
-            prompt_tokens=len(prompt),
-            prompt_tps=prompt_tps,
-            generation_tokens=n + 1,
-            generation_tps=(n + 1) / max(time.perf_counter() - tic, 1e-9),
-            peak_memory=mx.get_peak_memory() / 1e9,
-            stats=stats,
-            logprob=lp[0],
-            top_logprobs=lp[1],
-        )
+        yield response(None)
     detok.finalize()
-    yield GenerationResponse(
-        text=detok.last_segment,
-        token=token,
-        from_draft=from_draft,
-        prompt_tokens=len(prompt),
-        prompt_tps=prompt_tps,
-        generation_tokens=n + 1,
-        generation_tps=(n + 1) / max(time.perf_counter() - tic, 1e-9),
-        peak_memory=mx.get_peak_memory() / 1e9,
-        finish_reason="stop" if token in stop else "length",
-        stats=stats,
-        logprob=lp[0],
-        top_logprobs=lp[1],
-    )
+    yield response("stop" if token in stop else "length")

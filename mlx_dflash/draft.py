@@ -15,12 +15,11 @@ from typing import Any, Dict, List, Optional
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.nn.layers.activations import silu
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
 from .cache import BucketKVCache
-
-from mlx.nn.layers.activations import silu
 
 REQUIRED_CONFIG = (
     "hidden_size",
@@ -125,7 +124,9 @@ class DraftArgs:
         return c
 
 
-def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> List[int]:
+def default_target_layer_ids(
+    num_target_layers: int, num_draft_layers: int
+) -> List[int]:
     """N ids spread evenly from 1 to L-3 (N=1: L//2), as z-lab's trainer picks them."""
     if num_draft_layers == 1:
         return [num_target_layers // 2]
@@ -138,7 +139,10 @@ class DraftAttention(nn.Module):
     def __init__(self, args: DraftArgs, layer_idx: int):
         super().__init__()
         dim, hd = args.hidden_size, args.head_dim
-        self.n_heads, self.n_kv_heads = args.num_attention_heads, args.num_key_value_heads
+        self.n_heads, self.n_kv_heads = (
+            args.num_attention_heads,
+            args.num_key_value_heads,
+        )
         self.scale = hd**-0.5
         bias = args.attention_bias
         self.q_proj = nn.Linear(dim, self.n_heads * hd, bias=bias)
@@ -222,7 +226,9 @@ class DraftLayer(nn.Module):
         self.self_attn = DraftAttention(args, layer_idx)
         self.mlp = DraftMLP(args.hidden_size, args.intermediate_size)
         self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
-        self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(
+            args.hidden_size, eps=args.rms_norm_eps
+        )
 
     def __call__(self, x: mx.array, cache: KVCache) -> mx.array:
         h = x + self.self_attn(self.input_layernorm(x), cache)

@@ -106,14 +106,36 @@ def gated_delta_cuda(q, k, v, g, beta, state):
     )
 
 
-def gated_delta(q, k, v, a, b, A_log, dt_bias, state=None, mask=None, *, use_kernel=True):
+def gated_delta(
+    q, k, v, a, b, A_log, dt_bias, state=None, mask=None, *, use_kernel=True
+):
     """`gated_delta_update` with a CUDA kernel for the unmasked, scalar-gated case."""
     if state is None:
         B, _, _, Dk = q.shape
         state = mx.zeros((B, *v.shape[-2:], Dk), dtype=mx.float32)
     if use_kernel and cuda_applies(q, v, state, mask):
-        return gated_delta_cuda(q, k, v, compute_g(A_log, a, dt_bias), mx.sigmoid(b), state)
-    return gated_delta_update(q, k, v, a, b, A_log, dt_bias, state, mask, use_kernel=use_kernel)
+        return gated_delta_cuda(
+            q, k, v, compute_g(A_log, a, dt_bias), mx.sigmoid(b), state
+        )
+    return gated_delta_update(
+        q, k, v, a, b, A_log, dt_bias, state, mask, use_kernel=use_kernel
+    )
+
+
+def recurrence_inputs(layer: GatedDeltaNet, conv_out: mx.array):
+    """q, k (normalised), v of the recurrence from the layer's conv output, as
+    `GatedDeltaNet.__call__` of the pinned mlx_lm minor computes them."""
+    B, S, _ = conv_out.shape
+    q, k, v = [
+        t.reshape(B, S, h, d)
+        for t, h, d in zip(
+            mx.split(conv_out, [layer.key_dim, 2 * layer.key_dim], -1),
+            [layer.num_k_heads, layer.num_k_heads, layer.num_v_heads],
+            [layer.head_k_dim, layer.head_k_dim, layer.head_v_dim],
+        )
+    ]
+    q, k = normalize_qk(q, k, inv_scale=layer.head_k_dim**-0.5, eps=1e-6)
+    return q, k, v
 
 
 class FastGatedDeltaNet(GatedDeltaNet):
@@ -123,8 +145,12 @@ class FastGatedDeltaNet(GatedDeltaNet):
     unpadded sequence (tests compare the two layers on the same inputs).
     """
 
-    def __call__(self, inputs: mx.array, mask: Optional[mx.array] = None, cache: Any = None):
-        if self.sharding_group is not None or (cache is not None and cache.lengths is not None):
+    def __call__(
+        self, inputs: mx.array, mask: Optional[mx.array] = None, cache: Any = None
+    ):
+        if self.sharding_group is not None or (
+            cache is not None and cache.lengths is not None
+        ):
             return super().__call__(inputs, mask, cache)
         B, S, _ = inputs.shape
         qkv = self.in_proj_qkv(inputs)
@@ -135,7 +161,9 @@ class FastGatedDeltaNet(GatedDeltaNet):
         if cache is not None and cache[0] is not None:
             conv_state = cache[0]
         else:
-            conv_state = mx.zeros((B, self.conv_kernel_size - 1, self.conv_dim), inputs.dtype)
+            conv_state = mx.zeros(
+                (B, self.conv_kernel_size - 1, self.conv_dim), inputs.dtype
+            )
         if mask is not None:
             qkv = mx.where(mask[..., None], qkv, 0)
         conv_input = mx.concatenate([conv_state, qkv], axis=1)
@@ -143,18 +171,19 @@ class FastGatedDeltaNet(GatedDeltaNet):
             cache[0] = mx.contiguous(conv_input[:, -(self.conv_kernel_size - 1) :, :])
         conv_out = nn.silu(self.conv1d(conv_input))
 
-        q, k, v = [
-            t.reshape(B, S, h, d)
-            for t, h, d in zip(
-                mx.split(conv_out, [self.key_dim, 2 * self.key_dim], -1),
-                [self.num_k_heads, self.num_k_heads, self.num_v_heads],
-                [self.head_k_dim, self.head_k_dim, self.head_v_dim],
-            )
-        ]
+        q, k, v = recurrence_inputs(self, conv_out)
         state = cache[1] if cache else None
-        q, k = normalize_qk(q, k, inv_scale=self.head_k_dim**-0.5, eps=1e-6)
         out, state = gated_delta(
-            q, k, v, a, b, self.A_log, self.dt_bias, state, mask, use_kernel=not self.training
+            q,
+            k,
+            v,
+            a,
+            b,
+            self.A_log,
+            self.dt_bias,
+            state,
+            mask,
+            use_kernel=not self.training,
         )
         if cache is not None:
             cache[1] = state

@@ -24,7 +24,9 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "lookup, or 'none' for plain decoding (default: the shipped drafter for "
         "the default model; required with --model)",
     )
-    parser.add_argument("--prompt", "-p", required=True, help="the prompt ('-' reads stdin)")
+    parser.add_argument(
+        "--prompt", "-p", required=True, help="the prompt ('-' reads stdin)"
+    )
     parser.add_argument("--max-tokens", "-m", type=int, default=256)
     parser.add_argument(
         "--block-size",
@@ -36,7 +38,7 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--chat-template-args",
         type=json.loads,
         default={},
-        help='JSON object passed to the chat template, e.g. \'{"enable_thinking": false}\'',
+        help="JSON object passed to the chat template, e.g. '{\"enable_thinking\": false}'",
     )
     parser.add_argument(
         "--no-chat-template", action="store_true", help="use the prompt as raw text"
@@ -48,7 +50,9 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=None,
         help="cast target and drafter to this dtype (default: keep the weights')",
     )
-    parser.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0 = greedy)")
+    parser.add_argument(
+        "--temp", type=float, default=0.0, help="sampling temperature (0 = greedy)"
+    )
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--min-p", type=float, default=0.0)
@@ -61,12 +65,16 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "(default: decode plainly for a while and re-probe)",
     )
     parser.add_argument(
-        "--json", action="store_true", help="print one JSON object: text, token ids, stats"
+        "--json",
+        action="store_true",
+        help="print one JSON object: text, token ids, stats",
     )
     return parser
 
 
-def encode_prompt(tokenizer, prompt: str, *, chat: bool, system=None, template_args=None):
+def encode_prompt(
+    tokenizer, prompt: str, *, chat: bool, system=None, template_args=None
+):
     if chat and tokenizer.has_chat_template:
         messages = ([{"role": "system", "content": system}] if system else []) + [
             {"role": "user", "content": prompt}
@@ -84,7 +92,11 @@ def run(args) -> dict:
             "'lookup' or 'none' (train one with `mlx-dflash train`)"
         )
     sampling = SamplingParams(
-        temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=args.seed
+        temperature=args.temp,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        seed=args.seed,
     )
     dtype = getattr(mx, args.dtype) if args.dtype else None
     target, tokenizer = load_target(args.model, dtype=dtype)

@@ -17,10 +17,8 @@ from typing import Any, Dict, List
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.gated_delta import normalize_qk
 
-from .gdn import gated_delta
-
+from .gdn import gated_delta, recurrence_inputs
 from .target import DeltaTaps
 
 
@@ -56,18 +54,7 @@ def _replay_delta(taps: DeltaTaps, c, state0: mx.array, n: int):
     k1 = la.conv_kernel_size - 1
     c[0] = mx.contiguous(conv_in[:, n : n + k1])
 
-    conv_out = nn.silu(taps.conv._capture.outputs[:, :n])
-    B = conv_out.shape[0]
-    q, k, v = [
-        t.reshape(B, n, h, d)
-        for t, h, d in zip(
-            mx.split(conv_out, [la.key_dim, 2 * la.key_dim], -1),
-            [la.num_k_heads, la.num_k_heads, la.num_v_heads],
-            [la.head_k_dim, la.head_k_dim, la.head_v_dim],
-        )
-    ]
-    # Same normalisation as GatedDeltaNet.__call__ in the pinned mlx_lm minor.
-    q, k = normalize_qk(q, k, inv_scale=la.head_k_dim**-0.5, eps=1e-6)
+    q, k, v = recurrence_inputs(la, nn.silu(taps.conv._capture.outputs[:, :n]))
     a = taps.a._capture.outputs[:, :n]
     b = taps.b._capture.outputs[:, :n]
     _, state = gated_delta(

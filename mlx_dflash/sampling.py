@@ -56,7 +56,9 @@ def probs(logits: mx.array, params: SamplingParams) -> mx.array:
     return mx.softmax(x / params.temperature, axis=-1)
 
 
-def sample_draft(logits: mx.array, params: SamplingParams, key) -> Tuple[mx.array, mx.array]:
+def sample_draft(
+    logits: mx.array, params: SamplingParams, key
+) -> Tuple[mx.array, mx.array]:
     """Draw draft tokens from the drafter's own distribution q; return (tokens, q)."""
     q = probs(logits, params)
     tokens = mx.random.categorical(mx.log(q), key=key)
@@ -87,7 +89,9 @@ def speculative_accept(
     if q is None:
         q = mx.zeros_like(p[:m])
         if m:
-            q = mx.put_along_axis(q, draft[:, None].astype(mx.int32), mx.array(1.0), axis=-1)
+            q = mx.put_along_axis(
+                q, draft[:, None].astype(mx.int32), mx.array(1.0), axis=-1
+            )
     idx = draft[:, None].astype(mx.int32)
     p_x = mx.take_along_axis(p[:m], idx, axis=-1)[:, 0]
     q_x = mx.take_along_axis(q, idx, axis=-1)[:, 0]

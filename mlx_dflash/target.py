@@ -98,7 +98,9 @@ class Target:
         self.num_layers = len(self.layers)
         self.hidden_size = self.embed_tokens.weight.shape[-1]
         if self.embed_tokens.weight.dtype == mx.uint32:  # quantized embedding
-            self.hidden_size = self.embed_tokens.weight.shape[-1] * 32 // self.embed_tokens.bits
+            self.hidden_size = (
+                self.embed_tokens.weight.shape[-1] * 32 // self.embed_tokens.bits
+            )
         self.kinds = [self._kind(_unwrap(l)) for l in self.layers]
         self.delta_taps: dict = {}
         self._layer_taps: List[Tap] = []

@@ -93,7 +93,9 @@ def tiny_tokenizer_files(path, vocab_size: int = VOCAB):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    words = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [str(d) for d in range(10)]
+    words = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [
+        str(d) for d in range(10)
+    ]
     words += ["user", "assistant", "system", "\n", "hello", "world", "def", "return"]
     words += [f"w{i}" for i in range(vocab_size - len(specials) - len(words) - 1)]
     vocab = {t: i for i, t in enumerate(specials + words + ["<unk>"])}

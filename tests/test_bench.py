@@ -5,9 +5,15 @@ import struct
 
 import mlx.core as mx
 import pytest
+from models import VOCAB, tiny_model
 
 from mlx_dflash.bench import report
-from mlx_dflash.bench.engine import EngineDrafter, geometric_p, geometric_schedule, make_engine_drafter
+from mlx_dflash.bench.engine import (
+    EngineDrafter,
+    geometric_p,
+    geometric_schedule,
+    make_engine_drafter,
+)
 from mlx_dflash.bench.runner import Arm, Case, run_case
 from mlx_dflash.bench.shapes import draft_for_target
 from mlx_dflash.bench.stats import ideal_speedup, run_order, summarize, token_match
@@ -15,7 +21,6 @@ from mlx_dflash.bench.suites import SUITES, load_suite, suite_prompts
 from mlx_dflash.decode import SpecStats, generate_step
 from mlx_dflash.drafters import PromptLookupDrafter
 from mlx_dflash.target import Target
-from models import VOCAB, tiny_model
 
 
 def test_summarize_median_min_max():
@@ -32,7 +37,10 @@ def test_run_order_alternates():
 
 
 def test_token_match():
-    assert token_match([1, 2, 3], [1, 2, 3]) == {"equal_pct": 100.0, "first_divergence": None}
+    assert token_match([1, 2, 3], [1, 2, 3]) == {
+        "equal_pct": 100.0,
+        "first_divergence": None,
+    }
     m = token_match([1, 2, 3, 4], [1, 2, 9, 4])
     assert m["equal_pct"] == 75.0 and m["first_divergence"] == 2
     assert token_match([1, 2, 3], [1, 2])["first_divergence"] == 2
@@ -92,27 +100,45 @@ def _target(family="qwen3"):
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
 def test_engine_drafter_is_lossless_and_controls_tau(family):
     target = _target(family)
-    draft = draft_for_target(target.model, target.num_layers, num_layers=1, block_size=8)
+    draft = draft_for_target(
+        target.model, target.num_layers, num_layers=1, block_size=8
+    )
     target.set_capture_layers(draft.args.target_layer_ids)
     prompt = [1, 5, 9, 2, 7, 3]
-    plain = [t for t, _ in generate_step(target, prompt, PromptLookupDrafter(), max_tokens=60, block_size=1)]
-    drafter = make_engine_drafter(draft, target, prompt + plain, tau=4.0, block_size=8, vocab_size=VOCAB)
+    plain = [
+        t
+        for t, _ in generate_step(
+            target, prompt, PromptLookupDrafter(), max_tokens=60, block_size=1
+        )
+    ]
+    drafter = make_engine_drafter(
+        draft, target, prompt + plain, tau=4.0, block_size=8, vocab_size=VOCAB
+    )
     assert isinstance(drafter, EngineDrafter)
     st = SpecStats(8)
-    out = [t for t, _ in generate_step(target, prompt, drafter, max_tokens=60, block_size=8, stats=st)]
+    out = [
+        t
+        for t, _ in generate_step(
+            target, prompt, drafter, max_tokens=60, block_size=8, stats=st
+        )
+    ]
     assert out == plain
     assert 2.5 < st.tau < 5.0
 
 
 def _results():
     target = _target()
-    draft = draft_for_target(target.model, target.num_layers, num_layers=1, block_size=8)
+    draft = draft_for_target(
+        target.model, target.num_layers, num_layers=1, block_size=8
+    )
     target.set_capture_layers(draft.args.target_layer_ids)
     arms = [
         Arm("lookup", lambda ref: PromptLookupDrafter(), 8),
         Arm(
             "engine τ=4",
-            lambda ref: make_engine_drafter(draft, target, ref, tau=4, block_size=8, vocab_size=VOCAB),
+            lambda ref: make_engine_drafter(
+                draft, target, ref, tau=4, block_size=8, vocab_size=VOCAB
+            ),
             8,
             tau_target=4,
             calibrate=True,
@@ -120,7 +146,12 @@ def _results():
     ]
     case = Case("code", "tiny", [3, 1, 4, 1, 5, 9, 2, 6] * 3, 24)
     res = run_case(target, case, arms, repeats=2, cooldown=0.0)
-    return {"title": "tiny", "settings": {"repeats": 2}, "environment": report.environment(), "cases": [res]}
+    return {
+        "title": "tiny",
+        "settings": {"repeats": 2},
+        "environment": report.environment(),
+        "cases": [res],
+    }
 
 
 def test_end_to_end_and_writers(tmp_path):
@@ -138,7 +169,11 @@ def test_end_to_end_and_writers(tmp_path):
     loaded = json.loads(js.read_text())
     assert loaded["command"] == "mlx-dflash bench --test" and len(loaded["cases"]) == 1
     text = md.read_text()
-    assert "mlx-dflash bench --test" in text and "acc/drafted" in text and "share from draft" in text
+    assert (
+        "mlx-dflash bench --test" in text
+        and "acc/drafted" in text
+        and "share from draft" in text
+    )
     rows = [l for l in text.splitlines() if l.startswith("| code/tiny")]
     assert len(rows) == 3 and all(l.count("|") == len(report.HEADER) + 1 for l in rows)
     head = png.read_bytes()[:24]

@@ -27,7 +27,9 @@ def generate(*args):
 
 def stock_tokens(model_dir, prompt, n):
     model, tok = load(str(model_dir))
-    ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True
+    )
     out = []
     for t, _ in stock_generate_step(mx.array(ids), model, max_tokens=n):
         if t in tok.eos_token_ids:
@@ -40,13 +42,28 @@ def stock_tokens(model_dir, prompt, n):
 def test_generate_json(model_dir, tmp_path, draft):
     if draft == "dflash":
         draft = str(write(tmp_path / "draft", zlab_config(), zlab_weights()))
-    proc = generate("--model", str(model_dir), "--draft", draft, "--prompt", "hello world",
-                    "--max-tokens", "30", "--json")
+    proc = generate(
+        "--model",
+        str(model_dir),
+        "--draft",
+        draft,
+        "--prompt",
+        "hello world",
+        "--max-tokens",
+        "30",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["tokens"] == stock_tokens(model_dir, "hello world", 30)
     assert result["stats"]["block_size"] == (1 if draft == "none" else 16)
-    assert {"text", "finish_reason", "generation_tps", "prompt_tps", "peak_memory_gb"} <= set(result)
+    assert {
+        "text",
+        "finish_reason",
+        "generation_tps",
+        "prompt_tps",
+        "peak_memory_gb",
+    } <= set(result)
 
 
 def test_bad_draft_is_one_line_error(model_dir, tmp_path):

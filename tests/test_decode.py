@@ -102,7 +102,9 @@ def test_stop_token_inside_accepted_block(family):
     # A token first seen mid-way, inside a fully accepted 16-block.
     k = next(i for i in range(5, N) if ref[i] not in ref[:i])
     drafter = OracleDrafter(PROMPT + ref, vocab_size=VOCAB)
-    out, stats = run(Target(model), drafter, max_tokens=N, block_size=16, stop_tokens=[ref[k]])
+    out, stats = run(
+        Target(model), drafter, max_tokens=N, block_size=16, stop_tokens=[ref[k]]
+    )
     assert out == ref[: k + 1]
     assert stats.cycles == 1  # the stop landed inside the first block
 
@@ -143,5 +145,7 @@ def test_bucketed_kv_cache_is_exact(family, kind):
     drafter = make_drafter(kind, target, ref)
     cache = target.make_cache(bucket=True)
     assert any(type(c).__name__ == "BucketKVCache" for c in cache)
-    out, _ = run(target, drafter, cache=cache, max_tokens=N, block_size=16, prefill_step_size=5)
+    out, _ = run(
+        target, drafter, cache=cache, max_tokens=N, block_size=16, prefill_step_size=5
+    )
     assert out == ref

@@ -90,7 +90,10 @@ def test_zlab_checkpoint_loads_and_runs(tmp_path, target):
     assert target.capture_layers == [1, 2]
     prompt = list(range(3, 20))
     out = [t for t, _ in generate_step(target, prompt, drafter, max_tokens=20)]
-    plain = [t for t, _ in generate_step(target, prompt, drafter, max_tokens=20, block_size=1)]
+    plain = [
+        t
+        for t, _ in generate_step(target, prompt, drafter, max_tokens=20, block_size=1)
+    ]
     assert out == plain and len(out) == 20
     # Sliding layer is causal + windowed, as in the reference.
     assert drafter.draft.layers[1].self_attn.window == 8
@@ -103,7 +106,10 @@ def test_save_round_trip(tmp_path, target):
     save_draft(draft, tmp_path / "b")
     again = load_draft(tmp_path / "b", target=target)
     cfg = json.loads((tmp_path / "b" / "config.json").read_text())
-    assert cfg["dflash_config"] == {"mask_token_id": VOCAB - 1, "target_layer_ids": [1, 2]}
+    assert cfg["dflash_config"] == {
+        "mask_token_id": VOCAB - 1,
+        "target_layer_ids": [1, 2],
+    }
     assert cfg["architectures"] == ["DFlashDraftModel"]
     feats = mx.random.normal((1, 5, 2 * H))
     block = mx.random.normal((1, 4, H))
@@ -137,16 +143,31 @@ def drop(d, key):
 
 
 MALFORMED = {
-    "missing weight": (zlab_config(), drop(zlab_weights(), "layers.1.mlp.up_proj.weight"),
-                       "missing weight 'layers.1.mlp.up_proj.weight'"),
-    "hidden size": (zlab_config(hidden_size=32), zlab_weights(),
-                    "draft hidden_size 32 != target hidden size 64"),
-    "no mask token": (zlab_config(dflash_config={"target_layer_ids": [1, 2]}), zlab_weights(),
-                      "no dflash_config.mask_token_id"),
-    "layer id range": (zlab_config(dflash_config={"mask_token_id": 5, "target_layer_ids": [1, 7]}),
-                       zlab_weights(), "target_layer_ids entry 7 is out of range"),
-    "missing config key": (drop(zlab_config(), "num_attention_heads"), zlab_weights(),
-                           "missing 'num_attention_heads'"),
+    "missing weight": (
+        zlab_config(),
+        drop(zlab_weights(), "layers.1.mlp.up_proj.weight"),
+        "missing weight 'layers.1.mlp.up_proj.weight'",
+    ),
+    "hidden size": (
+        zlab_config(hidden_size=32),
+        zlab_weights(),
+        "draft hidden_size 32 != target hidden size 64",
+    ),
+    "no mask token": (
+        zlab_config(dflash_config={"target_layer_ids": [1, 2]}),
+        zlab_weights(),
+        "no dflash_config.mask_token_id",
+    ),
+    "layer id range": (
+        zlab_config(dflash_config={"mask_token_id": 5, "target_layer_ids": [1, 7]}),
+        zlab_weights(),
+        "target_layer_ids entry 7 is out of range",
+    ),
+    "missing config key": (
+        drop(zlab_config(), "num_attention_heads"),
+        zlab_weights(),
+        "missing 'num_attention_heads'",
+    ),
 }
 
 

@@ -17,11 +17,22 @@ def test_fallback_switches_when_acceptance_collapses(family):
     model = tiny_model(family)
     ref = [t for t, _ in stock_generate_step(mx.array(PROMPT), model, max_tokens=160)]
     # Perfect drafts for 4 cycles, then every draft wrong from the first token on.
-    drafter = OracleDrafter(PROMPT + ref, vocab_size=VOCAB, schedule=[99] * 4 + [0] * 1000)
+    drafter = OracleDrafter(
+        PROMPT + ref, vocab_size=VOCAB, schedule=[99] * 4 + [0] * 1000
+    )
     stats = SpecStats(16)
     fallback = Fallback(window=2, plain_tokens=8, max_plain=32, break_even=2.0)
-    out = [t for t, _ in generate_step(Target(model), PROMPT, drafter, max_tokens=160,
-                                       fallback=fallback, stats=stats)]
+    out = [
+        t
+        for t, _ in generate_step(
+            Target(model),
+            PROMPT,
+            drafter,
+            max_tokens=160,
+            fallback=fallback,
+            stats=stats,
+        )
+    ]
     assert out == ref
     assert stats.fallbacks >= 2  # fell back, probed, fell back again
     assert stats.plain_tokens > 60
@@ -34,8 +45,17 @@ def test_no_fallback_while_speculation_pays():
     ref = [t for t, _ in stock_generate_step(mx.array(PROMPT), model, max_tokens=80)]
     drafter = OracleDrafter(PROMPT + ref, vocab_size=VOCAB)
     stats = SpecStats(16)
-    out = [t for t, _ in generate_step(Target(model), PROMPT, drafter, max_tokens=80,
-                                       fallback=Fallback(window=2, break_even=2.0), stats=stats)]
+    out = [
+        t
+        for t, _ in generate_step(
+            Target(model),
+            PROMPT,
+            drafter,
+            max_tokens=80,
+            fallback=Fallback(window=2, break_even=2.0),
+            stats=stats,
+        )
+    ]
     assert out == ref
     assert stats.fallbacks == 0 and stats.plain_tokens == 0
 
@@ -46,7 +66,16 @@ def test_measured_break_even_stays_exact():
     ref = [t for t, _ in stock_generate_step(mx.array(PROMPT), model, max_tokens=60)]
     drafter = OracleDrafter(PROMPT + ref, vocab_size=VOCAB, error_rate=0.5, seed=3)
     stats = SpecStats(16)
-    out = [t for t, _ in generate_step(Target(model), PROMPT, drafter, max_tokens=60,
-                                       fallback=Fallback(window=2), stats=stats)]
+    out = [
+        t
+        for t, _ in generate_step(
+            Target(model),
+            PROMPT,
+            drafter,
+            max_tokens=60,
+            fallback=Fallback(window=2),
+            stats=stats,
+        )
+    ]
     assert out == ref
     assert stats.emitted + stats.plain_tokens == 59

@@ -47,8 +47,13 @@ def test_cuda_kernel_matches_ops_reference(T, dtype):
     y1, s1 = gated_delta_ops(q, k, v, g, beta, state)
     y2, s2 = gated_delta_cuda(q, k, v, g, beta, state)
     tol = 1e-5 if dtype == mx.float32 else 2e-2
-    assert np.abs(np.array(y1.astype(mx.float32)) - np.array(y2.astype(mx.float32))).max() < tol
-    assert np.abs(np.array(s1) - np.array(s2)).max() < (1e-5 if dtype == mx.float32 else 1e-3)
+    assert (
+        np.abs(np.array(y1.astype(mx.float32)) - np.array(y2.astype(mx.float32))).max()
+        < tol
+    )
+    assert np.abs(np.array(s1) - np.array(s2)).max() < (
+        1e-5 if dtype == mx.float32 else 1e-3
+    )
 
 
 def test_gated_delta_falls_back_off_cuda():

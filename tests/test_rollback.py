@@ -49,7 +49,9 @@ def test_cache_after_partial_cycles(family, schedule, bucket):
     target = Target(model)
     cache = target.make_cache(bucket=bucket)
     drafter = OracleDrafter(PROMPT + ref, vocab_size=VOCAB, schedule=schedule)
-    out = [t for t, _ in generate_step(target, PROMPT, drafter, cache=cache, max_tokens=40)]
+    out = [
+        t for t, _ in generate_step(target, PROMPT, drafter, cache=cache, max_tokens=40)
+    ]
     assert out == ref
     # Caches hold the prompt and every emitted token but the last.
     assert_same_cache(cache, autoregressive_cache(model, out[:-1]))

@@ -25,8 +25,15 @@ SAMPLES = 20_000
 
 def small_vocab_model():
     # Small and cheap: the test draws tens of thousands of sequences on a CPU.
-    config = dict(CONFIGS["llama"], vocab_size=V, hidden_size=32, num_hidden_layers=2,
-                  intermediate_size=64, num_attention_heads=2, num_key_value_heads=1)
+    config = dict(
+        CONFIGS["llama"],
+        vocab_size=V,
+        hidden_size=32,
+        num_hidden_layers=2,
+        intermediate_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
     model_cls, args_cls = _get_classes(config)
     mx.random.seed(3)
     model = model_cls(args_cls.from_dict(config))
@@ -38,6 +45,7 @@ def small_vocab_model():
 
 def exact_joint(model, params):
     """P(first three tokens) under target-only sampling, by enumeration."""
+
     def dist(prefix):
         logits = model(mx.array([PROMPT + list(prefix)]))[0, -1]
         return np.array(probs(logits, params)).astype(np.float64)
@@ -59,9 +67,17 @@ def exact_joint(model, params):
 def random_drafter(target):
     mx.random.seed(5)
     args = DraftArgs(
-        hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=16, rms_norm_eps=1e-5, vocab_size=V,
-        target_layer_ids=[0, 1], mask_token_id=0, rope_theta=10000.0,
+        hidden_size=32,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        rms_norm_eps=1e-5,
+        vocab_size=V,
+        target_layer_ids=[0, 1],
+        mask_token_id=0,
+        rope_theta=10000.0,
     )
     draft = DFlashDraft(args)
     draft.set_dtype(mx.float32)
@@ -73,8 +89,12 @@ def sample_counts(target, drafter, params, n):
     counts = np.zeros(V**3)
     for s in range(n):
         p = SamplingParams(**{**params.__dict__, "seed": s})
-        out = [t for t, _ in generate_step(target, PROMPT, drafter, max_tokens=5,
-                                           block_size=3, sampling=p)][:3]
+        out = [
+            t
+            for t, _ in generate_step(
+                target, PROMPT, drafter, max_tokens=5, block_size=3, sampling=p
+            )
+        ][:3]
         counts[(out[0] * V + out[1]) * V + out[2]] += 1
     return counts
 
@@ -135,9 +155,16 @@ def test_wrong_acceptance_rule_is_detected(model, monkeypatch):
 def test_greedy_unchanged_by_sampling_path():
     model = tiny_model("qwen3_5")
     ref = [t for t, _ in stock_generate_step(mx.array(PROMPT), model, max_tokens=30)]
-    out = [t for t, _ in generate_step(Target(model), PROMPT, OracleDrafter(
-        PROMPT + ref, vocab_size=96, error_rate=0.3), max_tokens=30,
-        sampling=SamplingParams(temperature=0.0, seed=1))]
+    out = [
+        t
+        for t, _ in generate_step(
+            Target(model),
+            PROMPT,
+            OracleDrafter(PROMPT + ref, vocab_size=96, error_rate=0.3),
+            max_tokens=30,
+            sampling=SamplingParams(temperature=0.0, seed=1),
+        )
+    ]
     assert out == ref
 
 
@@ -146,8 +173,16 @@ def test_seed_reproducible_and_logprobs():
     target = Target(model)
     params = SamplingParams(temperature=0.8, seed=7)
     runs = [
-        list(generate_step(target, PROMPT, OracleDrafter(PROMPT, vocab_size=96),
-                           max_tokens=12, sampling=params, logprobs=3))
+        list(
+            generate_step(
+                target,
+                PROMPT,
+                OracleDrafter(PROMPT, vocab_size=96),
+                max_tokens=12,
+                sampling=params,
+                logprobs=3,
+            )
+        )
         for _ in range(2)
     ]
     assert runs[0] == runs[1]

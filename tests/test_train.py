@@ -5,6 +5,7 @@ import math
 import mlx.core as mx
 import numpy as np
 import pytest
+from models import VOCAB, tiny_model
 
 from mlx_dflash.draft import DFlashDraft, DraftArgs, load_draft, save_draft
 from mlx_dflash.target import Target
@@ -20,14 +21,14 @@ from mlx_dflash.train.objective import (
 )
 from mlx_dflash.train.trainer import TrainArgs, init_draft, train
 
-from models import VOCAB, tiny_model
-
 MASK = VOCAB - 1
 
 
 def _setup(block_size=4, layers=2, seed=0):
     target = Target(tiny_model("llama", seed=seed))
-    draft = init_draft(target, num_layers=layers, mask_token_id=MASK, block_size=block_size, seed=1)
+    draft = init_draft(
+        target, num_layers=layers, mask_token_id=MASK, block_size=block_size, seed=1
+    )
     target.set_capture_layers(draft.args.target_layer_ids)
     return target, draft
 
@@ -95,10 +96,19 @@ def test_loss_weights_and_label_masking():
     lengths = mx.array([10])
     anchors, valid = mx.array([[7, 8]]), mx.array([[True, True]])
     feats = target_features(target, tok)
-    loss, stats = block_loss(draft, target, tok, lengths, feats, anchors, valid, gamma=7.0)
+    loss, stats = block_loss(
+        draft, target, tok, lengths, feats, anchors, valid, gamma=7.0
+    )
     tok2 = mx.concatenate([tok[:, :10], mx.zeros((1, 6), tok.dtype)], axis=1)
     loss2, _ = block_loss(
-        draft, target, tok2, lengths, target_features(target, tok2), anchors, valid, gamma=7.0
+        draft,
+        target,
+        tok2,
+        lengths,
+        target_features(target, tok2),
+        anchors,
+        valid,
+        gamma=7.0,
     )
     assert math.isclose(loss.item(), loss2.item(), rel_tol=1e-5)
     assert stats["valid"].tolist() == [2, 1, 0]  # anchor 7: 8,9 ; anchor 8: 9
@@ -120,7 +130,9 @@ def _tiny_data(target, n=12, prompt_len=6, resp=24, seed=0):
     seqs, plens = [], []
     for _ in range(n):
         p = rng.integers(3, VOCAB - 1, prompt_len).tolist()
-        out = [int(t) for t, _ in generate_step(mx.array(p), target.model, max_tokens=resp)]
+        out = [
+            int(t) for t, _ in generate_step(mx.array(p), target.model, max_tokens=resp)
+        ]
         seqs.append(p + out)
         plens.append(prompt_len)
     return Dataset.from_lists(seqs, plens)
@@ -129,8 +141,16 @@ def _tiny_data(target, n=12, prompt_len=6, resp=24, seed=0):
 def test_a_few_steps_lower_the_loss(tmp_path):
     target, draft = _setup(4, layers=1)
     data = _tiny_data(target)
-    args = TrainArgs(steps=30, batch_size=4, anchors=8, block_size=4, lr=3e-3, warmup=3,
-                     save_every=0, report_every=5)
+    args = TrainArgs(
+        steps=30,
+        batch_size=4,
+        anchors=8,
+        block_size=4,
+        lr=3e-3,
+        warmup=3,
+        save_every=0,
+        report_every=5,
+    )
     hist = train(draft, target, data, args, out=tmp_path, log=lambda m: None)
     assert hist[-1]["loss"] < 0.8 * hist[0]["loss"]
 
@@ -138,8 +158,15 @@ def test_a_few_steps_lower_the_loss(tmp_path):
 def test_checkpoint_round_trip_and_resume(tmp_path):
     target, draft = _setup(4, layers=1)
     data = _tiny_data(target, n=8)
-    args = TrainArgs(steps=8, batch_size=4, anchors=8, block_size=4, warmup=1, save_every=2,
-                     report_every=1)
+    args = TrainArgs(
+        steps=8,
+        batch_size=4,
+        anchors=8,
+        block_size=4,
+        warmup=1,
+        save_every=2,
+        report_every=1,
+    )
     train(draft, target, data, args, out=tmp_path, stop_after=4, log=lambda m: None)
     loaded = load_draft(tmp_path, target=target)
     tok = _random_tokens(1, 20)
@@ -155,7 +182,9 @@ def test_checkpoint_round_trip_and_resume(tmp_path):
     # Resume: 4 more steps continue from step 4 and reproduce an uninterrupted 8-step run.
     resumed = init_draft(target, num_layers=1, mask_token_id=MASK, block_size=4, seed=7)
     train(resumed, target, data, args, out=tmp_path, resume=True, log=lambda m: None)
-    straight = init_draft(target, num_layers=1, mask_token_id=MASK, block_size=4, seed=1)
+    straight = init_draft(
+        target, num_layers=1, mask_token_id=MASK, block_size=4, seed=1
+    )
     train(straight, target, data, args, out=tmp_path / "b", log=lambda m: None)
     for (k, a), (_, b) in zip(
         sorted(dict(_flat(resumed)).items()), sorted(dict(_flat(straight)).items())

@@ -37,8 +37,13 @@ def _names(s):
 
 def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--model", help="target: HF repo, mlx_lm directory or .gguf (default: the default GGUF)")
-    src.add_argument("--shape", choices=sorted(PRESETS), help="random-weight target of a named shape")
+    src.add_argument(
+        "--model",
+        help="target: HF repo, mlx_lm directory or .gguf (default: the default GGUF)",
+    )
+    src.add_argument(
+        "--shape", choices=sorted(PRESETS), help="random-weight target of a named shape"
+    )
     p.add_argument(
         "--draft",
         type=_names,
@@ -46,22 +51,62 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="comma list of: engine (real-size random DFlash forward + oracle tokens at --tau), "
         "lookup (prompt lookup), or a DFlash checkpoint directory",
     )
-    p.add_argument("--tau", type=_floats, default=[4.0, 6.5, 9.0], help="engine mode: target τ values")
+    p.add_argument(
+        "--tau",
+        type=_floats,
+        default=[4.0, 6.5, 9.0],
+        help="engine mode: target τ values",
+    )
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--draft-layers", type=int, default=None, help="engine draft depth (default 5 for shapes, 1 otherwise)")
-    p.add_argument("--suites", type=_names, default=["code", "math", "chat", "copy_edit"], help=f"comma list of {','.join(SUITES)}")
+    p.add_argument(
+        "--draft-layers",
+        type=int,
+        default=None,
+        help="engine draft depth (default 5 for shapes, 1 otherwise)",
+    )
+    p.add_argument(
+        "--suites",
+        type=_names,
+        default=["code", "math", "chat", "copy_edit"],
+        help=f"comma list of {','.join(SUITES)}",
+    )
     p.add_argument("--prompts-per-suite", type=int, default=None)
-    p.add_argument("--synthetic-tokens", type=int, default=128, help="prompt length of short suites for --shape targets")
-    p.add_argument("--max-tokens", type=_ints, default=[256], help="comma list of generation lengths")
+    p.add_argument(
+        "--synthetic-tokens",
+        type=int,
+        default=128,
+        help="prompt length of short suites for --shape targets",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=_ints,
+        default=[256],
+        help="comma list of generation lengths",
+    )
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--cooldown", type=float, default=1.0, help="seconds of sleep after each timed run")
-    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
-                   help="target/draft dtype (default: bfloat16 for --shape, the file's otherwise)")
+    p.add_argument(
+        "--cooldown",
+        type=float,
+        default=1.0,
+        help="seconds of sleep after each timed run",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "float16", "bfloat16"],
+        default=None,
+        help="target/draft dtype (default: bfloat16 for --shape, the file's otherwise)",
+    )
     p.add_argument("--prefill-step-size", type=int, default=2048)
-    p.add_argument("--no-profile", action="store_true", help="skip the per-part cycle profile")
+    p.add_argument(
+        "--no-profile", action="store_true", help="skip the per-part cycle profile"
+    )
     p.add_argument("--no-png", action="store_true")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="output stem (writes STEM.json/.md/.png); default bench/results/bench-<time>")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="output stem (writes STEM.json/.md/.png); default bench/results/bench-<time>",
+    )
     p.add_argument("--title", default=None)
     return p
 
@@ -74,8 +119,13 @@ def load(args):
         model = build_target(args.shape, dtype=dtype, seed=args.seed)
         target = Target(model)
         layers = args.draft_layers or 5
-        make = lambda: build_draft(args.shape, target.num_layers, num_layers=layers,
-                                   block_size=args.block_size, dtype=dtype)
+        make = lambda: build_draft(
+            args.shape,
+            target.num_layers,
+            num_layers=layers,
+            block_size=args.block_size,
+            dtype=dtype,
+        )
         return target, None, f"random {args.shape} ({args.dtype or 'bfloat16'})", make
     from ..load import load_target
 
@@ -87,8 +137,13 @@ def load(args):
     target, tokenizer = load_target(path, dtype=dtype)
     layers = args.draft_layers or 1
     wdtype = target.layers[0].parameters()
-    make = lambda: draft_for_target(target.model, target.num_layers, num_layers=layers,
-                                    block_size=args.block_size, dtype=dtype or mx.float32)
+    make = lambda: draft_for_target(
+        target.model,
+        target.num_layers,
+        num_layers=layers,
+        block_size=args.block_size,
+        dtype=dtype or mx.float32,
+    )
     return target, tokenizer, Path(path).name, make
 
 
@@ -96,15 +151,34 @@ def make_arms(args, target, vocab, make_draft):
     arms = []
     for spec in args.draft:
         if spec == "lookup":
-            arms.append(Arm("lookup", lambda ref: PromptLookupDrafter(), args.block_size))
+            arms.append(
+                Arm("lookup", lambda ref: PromptLookupDrafter(), args.block_size)
+            )
         elif spec == "engine":
             draft = make_draft()
             target.set_capture_layers(draft.args.target_layer_ids)
             for tau in args.tau:
+
                 def make(ref, tau=tau):
-                    return make_engine_drafter(draft, target, ref, tau=tau, block_size=args.block_size,
-                                               vocab_size=vocab, seed=args.seed)
-                arms.append(Arm(f"engine τ={tau:g}", make, args.block_size, tau_target=tau, calibrate=True))
+                    return make_engine_drafter(
+                        draft,
+                        target,
+                        ref,
+                        tau=tau,
+                        block_size=args.block_size,
+                        vocab_size=vocab,
+                        seed=args.seed,
+                    )
+
+                arms.append(
+                    Arm(
+                        f"engine τ={tau:g}",
+                        make,
+                        args.block_size,
+                        tau_target=tau,
+                        calibrate=True,
+                    )
+                )
         else:
             from ..load import make_drafter
 
@@ -113,6 +187,7 @@ def make_arms(args, target, vocab, make_draft):
 
             def make(ref, spec=spec):
                 return make_drafter(spec, target)[0]
+
             arms.append(Arm(Path(spec).name, make, block))
     return arms
 
@@ -121,8 +196,13 @@ def _progress(total):
     try:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-        prog = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                        TimeElapsedColumn(), transient=False)
+        prog = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            transient=False,
+        )
         prog.start()
         task = prog.add_task("bench", total=total)
         return (lambda msg: prog.update(task, advance=1, description=msg)), prog.stop
@@ -132,6 +212,7 @@ def _progress(total):
         def step(msg):
             n[0] += 1
             print(f"[{n[0]}/{total}] {msg}", file=sys.stderr, flush=True)
+
         return step, lambda: None
 
 
@@ -143,23 +224,46 @@ def run(args, argv) -> dict:
     arms = make_arms(args, target, vocab, make_draft)
     cases = []
     for suite in args.suites:
-        for pid, ids in suite_prompts(suite, tokenizer, vocab_size=vocab, limit=args.prompts_per_suite,
-                                      synthetic_tokens=args.synthetic_tokens, seed=args.seed):
+        for pid, ids in suite_prompts(
+            suite,
+            tokenizer,
+            vocab_size=vocab,
+            limit=args.prompts_per_suite,
+            synthetic_tokens=args.synthetic_tokens,
+            seed=args.seed,
+        ):
             for n in args.max_tokens:
                 cases.append(Case(suite, pid, ids, n))
-    per_case = 1 + len(arms) + (0 if args.no_profile else 1) + args.repeats * (len(arms) + 1)
+    per_case = (
+        1 + len(arms) + (0 if args.no_profile else 1) + args.repeats * (len(arms) + 1)
+    )
     step, stop = _progress(per_case * len(cases))
     results = []
     try:
         for case in cases:
-            results.append(run_case(target, case, arms, repeats=args.repeats, cooldown=args.cooldown,
-                                    prefill_step=args.prefill_step_size, profile=not args.no_profile,
-                                    on_run=lambda m, c=case: step(f"{c.suite}/{c.name} {m}")))
+            results.append(
+                run_case(
+                    target,
+                    case,
+                    arms,
+                    repeats=args.repeats,
+                    cooldown=args.cooldown,
+                    prefill_step=args.prefill_step_size,
+                    profile=not args.no_profile,
+                    on_run=lambda m, c=case: step(f"{c.suite}/{c.name} {m}"),
+                )
+            )
     finally:
         stop()
     settings = {k: v for k, v in vars(args).items()}
-    settings.update(target=label, arms=[a.name for a in arms], draft_layers=args.draft_layers,
-                    greedy=True, eos="off (fixed lengths)", baseline="mlx_lm.generate.generate_step")
+    settings.update(
+        target=label,
+        arms=[a.name for a in arms],
+        draft_layers=args.draft_layers,
+        greedy=True,
+        eos="off (fixed lengths)",
+        baseline="mlx_lm.generate.generate_step",
+    )
     return {
         "title": args.title or f"mlx-dflash bench: {label}, block {args.block_size}",
         "settings": settings,
@@ -170,8 +274,13 @@ def run(args, argv) -> dict:
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(argparse.ArgumentParser(prog="mlx-dflash bench", description=__doc__,
-                                                  formatter_class=argparse.RawDescriptionHelpFormatter))
+    parser = build_parser(
+        argparse.ArgumentParser(
+            prog="mlx-dflash bench",
+            description=__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )
     args = parser.parse_args(argv)
     try:
         results = run(args, argv)
@@ -183,9 +292,15 @@ def main(argv=None):
     print(report.table(results))
     print("wrote " + ", ".join(str(p) for p in paths))
     head = [
-        {"case": f"{c['suite']}/{c['name']}", "arm": n, "speedup": round(a["speedup"]["median"], 3),
-         "tau": a["spec"]["tau"], "efficiency": round(a.get("efficiency", float("nan")), 3)}
-        for c in results["cases"] for n, a in c["arms"].items()
+        {
+            "case": f"{c['suite']}/{c['name']}",
+            "arm": n,
+            "speedup": round(a["speedup"]["median"], 3),
+            "tau": a["spec"]["tau"],
+            "efficiency": round(a.get("efficiency", float("nan")), 3),
+        }
+        for c in results["cases"]
+        for n, a in c["arms"].items()
     ]
     print(json.dumps(head))
 

@@ -116,5 +116,7 @@ def make_engine_drafter(
     schedule = geometric_schedule(
         tau, block_size, cycles=cycles or max(64, len(reference) // 2), seed=seed
     )
-    oracle = OracleDrafter(reference, vocab_size=vocab_size, schedule=schedule, seed=seed)
+    oracle = OracleDrafter(
+        reference, vocab_size=vocab_size, schedule=schedule, seed=seed
+    )
     return EngineDrafter(DFlashDrafter(draft, target), oracle)

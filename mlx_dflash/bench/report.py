@@ -42,12 +42,18 @@ def environment() -> dict:
         env["mlx_dflash"] = None
     try:
         info = mx.device_info()
-        env["device_info"] = {k: v for k, v in info.items() if isinstance(v, (int, str, float))}
+        env["device_info"] = {
+            k: v for k, v in info.items() if isinstance(v, (int, str, float))
+        }
     except Exception:
         pass
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            [
+                "nvidia-smi",
+                "--query-gpu=name,driver_version,memory.total",
+                "--format=csv,noheader",
+            ],
             capture_output=True,
             text=True,
             timeout=10,
@@ -75,33 +81,77 @@ def rows(results: dict) -> List[List[str]]:
         b = c["baseline"]
         case = f"{c['suite']}/{c['name']} ({c['prompt_tokens']}+{c['max_tokens']})"
         out.append(
-            [case, "mlx_lm (stock)", _mmm(b["decode_tps"]), "1.00", _mmm(b["ttft_s"], "{:.3f}"),
-             "", "", "", "", "", f"{b['peak_memory_gb']:.2f}", f"{b['t_ar_ms']:.1f}",
-             "", "", "", "", "", "", ""]
+            [
+                case,
+                "mlx_lm (stock)",
+                _mmm(b["decode_tps"]),
+                "1.00",
+                _mmm(b["ttft_s"], "{:.3f}"),
+                "",
+                "",
+                "",
+                "",
+                "",
+                f"{b['peak_memory_gb']:.2f}",
+                f"{b['t_ar_ms']:.1f}",
+                "",
+                "",
+                "",
+                "",
+                "",
+                "",
+                "",
+            ]
         )
         for name, a in c["arms"].items():
             sp, tm, p = a["spec"], a["token_match"], a.get("profile") or {}
             div = "—" if tm["first_divergence"] is None else str(tm["first_divergence"])
             out.append(
-                [case, name, _mmm(a["decode_tps"]), _mmm(a["speedup"], "{:.2f}"),
-                 _mmm(a["ttft_s"], "{:.3f}"), f"{sp['tau']:.2f}", f"{sp['acceptance_rate']:.3f}",
-                 f"{sp['draft_share']:.3f}", f"{tm['equal_pct']:.1f}", div,
-                 f"{a['peak_memory_gb']:.2f}",
-                 f"{p.get('t_ar_ms', float('nan')):.1f}", f"{p.get('draft_ms', float('nan')):.1f}",
-                 f"{p.get('verify_ms', float('nan')):.1f}",
-                 f"{p.get('verify_new_len_ms', float('nan')):.1f}",
-                 f"{p.get('cycle_ms', float('nan')):.1f}",
-                 f"{a.get('ideal_speedup', float('nan')):.2f}",
-                 f"{a.get('efficiency', float('nan')):.2f}",
-                 f"{a.get('cold_speedup', float('nan')):.2f}"]
+                [
+                    case,
+                    name,
+                    _mmm(a["decode_tps"]),
+                    _mmm(a["speedup"], "{:.2f}"),
+                    _mmm(a["ttft_s"], "{:.3f}"),
+                    f"{sp['tau']:.2f}",
+                    f"{sp['acceptance_rate']:.3f}",
+                    f"{sp['draft_share']:.3f}",
+                    f"{tm['equal_pct']:.1f}",
+                    div,
+                    f"{a['peak_memory_gb']:.2f}",
+                    f"{p.get('t_ar_ms', float('nan')):.1f}",
+                    f"{p.get('draft_ms', float('nan')):.1f}",
+                    f"{p.get('verify_ms', float('nan')):.1f}",
+                    f"{p.get('verify_new_len_ms', float('nan')):.1f}",
+                    f"{p.get('cycle_ms', float('nan')):.1f}",
+                    f"{a.get('ideal_speedup', float('nan')):.2f}",
+                    f"{a.get('efficiency', float('nan')):.2f}",
+                    f"{a.get('cold_speedup', float('nan')):.2f}",
+                ]
             )
     return out
 
 
 HEADER = [
-    "case (prompt+gen tokens)", "decoder", "decode tok/s med [min–max]", "speedup med [min–max]",
-    "TTFT s", "τ", "acc/drafted", "share from draft", "match %", "1st div.", "peak GB",
-    "AR ms", "draft ms", "verify ms", "verify@new-len ms", "cycle ms", "ideal ×", "efficiency", "cold ×",
+    "case (prompt+gen tokens)",
+    "decoder",
+    "decode tok/s med [min–max]",
+    "speedup med [min–max]",
+    "TTFT s",
+    "τ",
+    "acc/drafted",
+    "share from draft",
+    "match %",
+    "1st div.",
+    "peak GB",
+    "AR ms",
+    "draft ms",
+    "verify ms",
+    "verify@new-len ms",
+    "cycle ms",
+    "ideal ×",
+    "efficiency",
+    "cold ×",
 ]
 
 
@@ -110,11 +160,20 @@ def markdown(results: dict, command: str) -> str:
     lines = [f"# {results['title']}", "", "Command:", "", "```", command, "```", ""]
     lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(r) + " |" for r in rows(results)]
-    lines += ["", NOTES, "", "## Per-position acceptance (P(position i accepted | drafted))", ""]
+    lines += [
+        "",
+        NOTES,
+        "",
+        "## Per-position acceptance (P(position i accepted | drafted))",
+        "",
+    ]
     for c in results["cases"]:
         for name, a in c["arms"].items():
             pp = a["spec"]["per_position_acceptance"]
-            lines.append(f"- {c['suite']}/{c['name']} {name}: " + " ".join(f"{p:.2f}" for p in pp))
+            lines.append(
+                f"- {c['suite']}/{c['name']} {name}: "
+                + " ".join(f"{p:.2f}" for p in pp)
+            )
     lines += ["", "## Settings", "", "```json", json.dumps(cfg, indent=1), "```"]
     lines += ["", "## Environment", "", "```json", json.dumps(env, indent=1), "```", ""]
     return "\n".join(lines)
@@ -127,7 +186,9 @@ def table(results: dict) -> str:
     body = [[r[i] for i in keep] for r in rows(results)]
     widths = [max(len(x) for x in col) for col in zip(hdr, *body)]
     fmt = lambda r: "  ".join(x.ljust(w) for x, w in zip(r, widths))
-    return "\n".join([fmt(hdr), fmt(["-" * w for w in widths])] + [fmt(r) for r in body])
+    return "\n".join(
+        [fmt(hdr), fmt(["-" * w for w in widths])] + [fmt(r) for r in body]
+    )
 
 
 def plot(results: dict, path: Path) -> None:
@@ -151,7 +212,9 @@ def plot(results: dict, path: Path) -> None:
             (c["max_tokens"], c["baseline"]["decode_tps"]["median"])
         )
         for name, a in c["arms"].items():
-            lengths.setdefault(name, []).append((c["max_tokens"], a["decode_tps"]["median"]))
+            lengths.setdefault(name, []).append(
+                (c["max_tokens"], a["decode_tps"]["median"])
+            )
 
     fig, axes = plt.subplots(1, 3, figsize=(max(12, 1.2 * len(labels) + 8), 4.5))
     x = range(len(labels))
@@ -168,7 +231,9 @@ def plot(results: dict, path: Path) -> None:
         for n, v in pts:
             agg.setdefault(n, []).append(v)
         ns = sorted(agg)
-        axes[2].plot(ns, [sum(agg[n]) / len(agg[n]) for n in ns], marker="o", label=name)
+        axes[2].plot(
+            ns, [sum(agg[n]) / len(agg[n]) for n in ns], marker="o", label=name
+        )
     axes[2].set_xlabel("generated tokens")
     axes[2].set_ylabel("decode tok/s (mean over cases)")
     axes[2].set_title("tok/s against generated length")
@@ -190,6 +255,8 @@ def write(results: dict, stem: Path, command: str, *, png: bool = True) -> List[
     if png:
         paths.append(stem.with_suffix(".png"))
         plot(results, paths[2])
-        md = md.replace("## Per-position", f"![plot]({paths[2].name})\n\n## Per-position", 1)
+        md = md.replace(
+            "## Per-position", f"![plot]({paths[2].name})\n\n## Per-position", 1
+        )
     paths[1].write_text(md)
     return paths

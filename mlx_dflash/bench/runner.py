@@ -82,17 +82,27 @@ def _fresh():
     mx.reset_peak_memory()
 
 
-def run_baseline(target: Target, prompt: Sequence[int], max_tokens: int, prefill_step: int):
+def run_baseline(
+    target: Target, prompt: Sequence[int], max_tokens: int, prefill_step: int
+):
     _fresh()
     gen = mlx_generate_step(
-        mx.array(prompt), target.model, max_tokens=max_tokens, prefill_step_size=prefill_step
+        mx.array(prompt),
+        target.model,
+        max_tokens=max_tokens,
+        prefill_step_size=prefill_step,
     )
     tokens, ttft, dec = _timed((t for t, _ in gen), max_tokens)
     return RunResult(tokens, ttft, dec, mx.get_peak_memory() / 1e9)
 
 
 def run_spec(
-    target: Target, prompt: Sequence[int], drafter, max_tokens: int, block: int, prefill_step: int
+    target: Target,
+    prompt: Sequence[int],
+    drafter,
+    max_tokens: int,
+    block: int,
+    prefill_step: int,
 ):
     _fresh()
     stats = SpecStats(block)
@@ -136,7 +146,13 @@ def _ms(f, reps: int) -> List[float]:
 
 
 def profile_cycle(
-    target: Target, prompt: Sequence[int], drafter, block: int, *, reps: int = 10, new_lengths: int = 4
+    target: Target,
+    prompt: Sequence[int],
+    drafter,
+    block: int,
+    *,
+    reps: int = 10,
+    new_lengths: int = 4,
 ) -> Dict[str, float]:
     """Median ms of the cycle's parts at the prompt's length.
 
@@ -151,7 +167,9 @@ def profile_cycle(
     sink = drafter if drafter is not None else _NullDrafter()
     logits = prefill(target, cache, sink, prompt)
     anchor = int(mx.argmax(logits, axis=-1).item())
-    block_in = mx.array([[anchor] + [(anchor + i) % 7 for i in range(1, block)]], mx.uint32)
+    block_in = mx.array(
+        [[anchor] + [(anchor + i) % 7 for i in range(1, block)]], mx.uint32
+    )
     one = mx.array([[anchor]], mx.uint32)
 
     def fwd(tokens):
@@ -233,7 +251,9 @@ def run_case(
     if profile:
         for arm in arms:
             drafter = arm.make(list(case.prompt) + ref)
-            profiles[arm.name] = profile_cycle(target, case.prompt, drafter, arm.block_size)
+            profiles[arm.name] = profile_cycle(
+                target, case.prompt, drafter, arm.block_size
+            )
         note("profile")
 
     # The first spec run of an arm meets every key length for the first time
@@ -269,7 +289,9 @@ def run_case(
             else:
                 arm = by_name[name]
                 drafter = arm.make(references[name])
-                r = run_spec(target, case.prompt, drafter, N, arm.block_size, prefill_step)
+                r = run_spec(
+                    target, case.prompt, drafter, N, arm.block_size, prefill_step
+                )
             runs[name].append(r)
             note(name)
             if cooldown > 0:
@@ -305,7 +327,9 @@ def summarize_case(case: Case, arms, runs, profiles, calibration) -> dict:
         s["token_match"] = token_match(base_tokens, rs[-1].tokens)
         s["calibration"] = cal = calibration.get(arm.name)
         if cal:
-            s["cold_speedup"] = cal["cold_decode_tps"] / result["baseline"]["decode_tps"]["median"]
+            s["cold_speedup"] = (
+                cal["cold_decode_tps"] / result["baseline"]["decode_tps"]["median"]
+            )
         prof = profiles.get(arm.name)
         if prof:
             tau = s["spec"]["tau"]
@@ -330,7 +354,11 @@ def _arm_summary(rs: List[RunResult]) -> dict:
         "peak_memory_gb": max(r.peak_memory_gb for r in rs),
         "tokens": len(rs[0].tokens),
         "per_run": [
-            {"decode_tps": r.decode_tps, "ttft_s": r.ttft_s, "peak_memory_gb": r.peak_memory_gb}
+            {
+                "decode_tps": r.decode_tps,
+                "ttft_s": r.ttft_s,
+                "peak_memory_gb": r.peak_memory_gb,
+            }
             for r in rs
         ],
     }

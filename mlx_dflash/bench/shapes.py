@@ -123,7 +123,9 @@ def _eval_by_layer(model: nn.Module, layers) -> None:
 def build_target(preset: str, *, dtype=mx.bfloat16, seed: int = 0) -> nn.Module:
     """A random-weight mlx_lm model of a named shape, in `dtype`."""
     if preset not in PRESETS:
-        raise ValueError(f"unknown shape preset {preset!r}; choose from {sorted(PRESETS)}")
+        raise ValueError(
+            f"unknown shape preset {preset!r}; choose from {sorted(PRESETS)}"
+        )
     config = PRESETS[preset][0]
     model_cls, args_cls = _get_classes(config)
     mx.random.seed(seed)
@@ -185,7 +187,11 @@ def draft_for_target(
     seed: int = 1,
 ) -> DFlashDraft:
     """A random draft shaped after any loaded target (Qwen3-style layers, target width)."""
-    lm = target_model["language_model"] if "language_model" in target_model else target_model
+    lm = (
+        target_model["language_model"]
+        if "language_model" in target_model
+        else target_model
+    )
     args = lm.args if hasattr(lm, "args") else target_model.args
     hidden = args.hidden_size
     heads = args.num_attention_heads

@@ -8,7 +8,12 @@ def summarize(values: Sequence[float]) -> Dict[str, float]:
     """Median, min and max (and n) of repeated measurements."""
     values = [float(v) for v in values]
     if not values:
-        return {"median": float("nan"), "min": float("nan"), "max": float("nan"), "n": 0}
+        return {
+            "median": float("nan"),
+            "min": float("nan"),
+            "max": float("nan"),
+            "n": 0,
+        }
     return {
         "median": statistics.median(values),
         "min": min(values),
@@ -27,7 +32,9 @@ def run_order(repeats: int, arms: Sequence[str]) -> List[List[str]]:
     return [arms if r % 2 == 0 else arms[::-1] for r in range(repeats)]
 
 
-def token_match(reference: Sequence[int], output: Sequence[int]) -> Dict[str, Optional[float]]:
+def token_match(
+    reference: Sequence[int], output: Sequence[int]
+) -> Dict[str, Optional[float]]:
     """Share of positions where `output` equals `reference`, and the first divergence.
 
     Compared over the longer length (a missing token counts as a mismatch);

@@ -81,19 +81,29 @@ def agent_transcript(tokenizer, n_tokens: int, task: str) -> List[int]:
     while True:
         path, text = files[i % len(files)]
         call = {"role": "assistant", "content": f'read_file(path="{path}")'}
-        result = {"role": "user", "content": f'<tool_result path="{path}">\n{text}\n</tool_result>'}
+        result = {
+            "role": "user",
+            "content": f'<tool_result path="{path}">\n{text}\n</tool_result>',
+        }
         trial = messages + [call, result, final]
         if len(_encode(tokenizer, trial)) >= n_tokens:
             # Cut this file so the whole prompt lands at n_tokens (bisect on chars).
             lo, hi = 0, len(text)
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                result["content"] = f'<tool_result path="{path}">\n{text[:mid]}\n</tool_result>'
-                if len(_encode(tokenizer, messages + [call, result, final])) <= n_tokens:
+                result["content"] = (
+                    f'<tool_result path="{path}">\n{text[:mid]}\n</tool_result>'
+                )
+                if (
+                    len(_encode(tokenizer, messages + [call, result, final]))
+                    <= n_tokens
+                ):
                     lo = mid
                 else:
                     hi = mid - 1
-            result["content"] = f'<tool_result path="{path}">\n{text[:lo]}\n</tool_result>'
+            result["content"] = (
+                f'<tool_result path="{path}">\n{text[:lo]}\n</tool_result>'
+            )
             return _encode(tokenizer, messages + [call, result, final])
         messages += [call, result]
         i += 1
@@ -126,7 +136,9 @@ def suite_prompts(
     for k, p in enumerate(prompts):
         if tokenizer is None:
             rng = random.Random(seed * 1000 + k)
-            out.append((p["id"], [rng.randrange(vocab_size) for _ in range(synthetic_tokens)]))
+            out.append(
+                (p["id"], [rng.randrange(vocab_size) for _ in range(synthetic_tokens)])
+            )
         else:
             out.append((p["id"], _encode(tokenizer, p["messages"])))
     return out

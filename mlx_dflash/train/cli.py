@@ -25,24 +25,66 @@ DEFAULT_MASK_TOKENS = {49152: 16}
 
 
 def build_parser(parser=None):
-    p = parser or argparse.ArgumentParser(prog="mlx-dflash train", description=__doc__.split("\n")[0])
-    p.add_argument("--model", default=None, help="HF repo, mlx_lm directory or .gguf (default: SmolLM2-135M GGUF)")
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                   help="dequantize the target to this dtype (float32 is faster on CPU)")
+    p = parser or argparse.ArgumentParser(
+        prog="mlx-dflash train", description=__doc__.split("\n")[0]
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="HF repo, mlx_lm directory or .gguf (default: SmolLM2-135M GGUF)",
+    )
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "bfloat16", "float16"],
+        help="dequantize the target to this dtype (float32 is faster on CPU)",
+    )
     p.add_argument("--out", required=True, help="output checkpoint directory")
     p.add_argument("--data", default=None, help="reuse a data.npz from an earlier run")
-    p.add_argument("--num-prompts", type=int, default=None, help="use only this many training prompts")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="response length cap")
-    p.add_argument("--gen-batch", type=int, default=256, help="sequences generated at once")
-    p.add_argument("--gen-time-budget", type=float, default=None, help="seconds of generation at most")
+    p.add_argument(
+        "--num-prompts",
+        type=int,
+        default=None,
+        help="use only this many training prompts",
+    )
+    p.add_argument(
+        "--max-new-tokens", type=int, default=256, help="response length cap"
+    )
+    p.add_argument(
+        "--gen-batch", type=int, default=256, help="sequences generated at once"
+    )
+    p.add_argument(
+        "--gen-time-budget",
+        type=float,
+        default=None,
+        help="seconds of generation at most",
+    )
     p.add_argument("--layers", type=int, default=2, help="draft layers")
-    p.add_argument("--features", type=int, default=None, help="target layers tapped (default: --layers)")
-    p.add_argument("--intermediate-size", type=int, default=None, help="draft MLP width (default: target's)")
-    p.add_argument("--mask-token-id", type=int, default=None, help="unused embedding row for MASK")
-    p.add_argument("--eval-prompts", type=int, default=16, help="held-out prompts for tau")
+    p.add_argument(
+        "--features",
+        type=int,
+        default=None,
+        help="target layers tapped (default: --layers)",
+    )
+    p.add_argument(
+        "--intermediate-size",
+        type=int,
+        default=None,
+        help="draft MLP width (default: target's)",
+    )
+    p.add_argument(
+        "--mask-token-id", type=int, default=None, help="unused embedding row for MASK"
+    )
+    p.add_argument(
+        "--eval-prompts", type=int, default=16, help="held-out prompts for tau"
+    )
     p.add_argument("--eval-max-tokens", type=int, default=128)
-    p.add_argument("--save-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    p.add_argument("--resume", action="store_true", help="continue from DIR's checkpoint")
+    p.add_argument(
+        "--save-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"]
+    )
+    p.add_argument(
+        "--resume", action="store_true", help="continue from DIR's checkpoint"
+    )
     for f in fields(TrainArgs):
         flag = "--" + f.name.replace("_", "-")
         typ = type(f.default) if f.default is not None else float
@@ -63,7 +105,9 @@ def load_target(model, dtype=None):
 def mask_token_for(tokenizer, vocab: int, override=None) -> int:
     if override is not None:
         if not 0 <= override < vocab:
-            raise ValueError(f"--mask-token-id {override} is outside the vocabulary ({vocab})")
+            raise ValueError(
+                f"--mask-token-id {override} is outside the vocabulary ({vocab})"
+            )
         return override
     if vocab in DEFAULT_MASK_TOKENS:
         return DEFAULT_MASK_TOKENS[vocab]
@@ -87,7 +131,10 @@ def main(argv=None):
     train_prompts, held_out = build_prompts(seed=targs.seed)
     if a.num_prompts:
         train_prompts = train_prompts[: a.num_prompts]
-    report = {"command": "mlx-dflash train " + " ".join(sys.argv[1:] if argv is None else argv)}
+    report = {
+        "command": "mlx-dflash train "
+        + " ".join(sys.argv[1:] if argv is None else argv)
+    }
 
     data_path = Path(a.data) if a.data else out / "data.npz"
     if data_path.is_file():
@@ -98,18 +145,30 @@ def main(argv=None):
 
         def progress(done, n, tok, el):
             if int(el) % 10 == 0:
-                print(f"\rgenerate: {done}/{n} done, {tok} tokens, {tok / max(el, 1e-9):.0f} tok/s", end="", file=sys.stderr)
+                print(
+                    f"\rgenerate: {done}/{n} done, {tok} tokens, {tok / max(el, 1e-9):.0f} tok/s",
+                    end="",
+                    file=sys.stderr,
+                )
 
         tg = time.perf_counter()
         data = generate_responses(
-            target.model, ids, stop_tokens=stop, max_tokens=a.max_new_tokens,
-            batch_size=a.gen_batch, time_budget=a.gen_time_budget, progress=progress,
+            target.model,
+            ids,
+            stop_tokens=stop,
+            max_tokens=a.max_new_tokens,
+            batch_size=a.gen_batch,
+            time_budget=a.gen_time_budget,
+            progress=progress,
         )
         report["generate_seconds"] = round(time.perf_counter() - tg, 1)
         print(file=sys.stderr)
         data.save(data_path)
     report.update(sequences=len(data), response_tokens=data.response_tokens())
-    print(f"data: {len(data)} sequences, {data.response_tokens()} response tokens", file=sys.stderr)
+    print(
+        f"data: {len(data)} sequences, {data.response_tokens()} response tokens",
+        file=sys.stderr,
+    )
 
     if a.resume and (out / "config.json").is_file():
         from ..draft import load_draft
@@ -117,12 +176,24 @@ def main(argv=None):
         draft = load_draft(out, target=target, dtype=mx.float32)
     else:
         draft = init_draft(
-            target, num_layers=a.layers, num_features=a.features,
+            target,
+            num_layers=a.layers,
+            num_features=a.features,
             mask_token_id=mask_token_for(tokenizer, vocab, a.mask_token_id),
-            block_size=targs.block_size, intermediate_size=a.intermediate_size, seed=targs.seed,
+            block_size=targs.block_size,
+            intermediate_size=a.intermediate_size,
+            seed=targs.seed,
         )
     tt = time.perf_counter()
-    history = train(draft, target, data, targs, out=out, resume=a.resume, log=lambda m: print(m, file=sys.stderr))
+    history = train(
+        draft,
+        target,
+        data,
+        targs,
+        out=out,
+        resume=a.resume,
+        log=lambda m: print(m, file=sys.stderr),
+    )
     report["train_seconds"] = round(time.perf_counter() - tt, 1)
     report["history"] = history[-5:]
 
@@ -134,13 +205,24 @@ def main(argv=None):
     if a.eval_prompts:
         prompts = [encode(tokenizer, p.text) for p in held_out[: a.eval_prompts]]
         stats, taus, same = evaluate_tau(
-            target, draft, prompts, max_tokens=a.eval_max_tokens, block_size=16, stop_tokens=stop
+            target,
+            draft,
+            prompts,
+            max_tokens=a.eval_max_tokens,
+            block_size=16,
+            stop_tokens=stop,
         )
         report["held_out"] = {
-            "prompts": len(prompts), "tau": round(stats.tau, 3), "identical_to_greedy": same,
-            "per_prompt_tau": [round(t, 2) for t in taus], "stats": stats.as_dict(),
+            "prompts": len(prompts),
+            "tau": round(stats.tau, 3),
+            "identical_to_greedy": same,
+            "per_prompt_tau": [round(t, 2) for t in taus],
+            "stats": stats.as_dict(),
         }
-        print(f"held-out tau {stats.tau:.2f} over {len(prompts)} prompts, identical to greedy: {same}", file=sys.stderr)
+        print(
+            f"held-out tau {stats.tau:.2f} over {len(prompts)} prompts, identical to greedy: {same}",
+            file=sys.stderr,
+        )
     report["total_seconds"] = round(time.perf_counter() - t0, 1)
     with open(out / "report.json", "w") as f:
         json.dump(report, f, indent=1)

@@ -149,7 +149,9 @@ def build_prompts(*, seed: int = 0, held_out: float = 0.02):
     prompts = []
     for qual, name, sig, doc in stdlib_functions():
         for tpl in CODE_TEMPLATES:
-            prompts.append(Prompt(tpl.format(name=name, qual=qual, sig=sig, doc=doc), "code"))
+            prompts.append(
+                Prompt(tpl.format(name=name, qual=qual, sig=sig, doc=doc), "code")
+            )
     for topic in TOPICS:
         for tpl in GENERAL_TEMPLATES:
             other = rng.choice([t for t in TOPICS if t != topic])
@@ -167,7 +169,9 @@ def encode(tokenizer, text: str) -> List[int]:
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": "user", "content": text}]
         return list(
-            tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True
+            )
         )
     return list(tokenizer.encode(text))
 
@@ -190,13 +194,24 @@ class Dataset:
     def from_lists(cls, seqs: Sequence[Sequence[int]], prompt_lens: Sequence[int]):
         lens = np.array([len(s) for s in seqs], dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-        flat = np.concatenate([np.asarray(s, dtype=np.uint32) for s in seqs]) if seqs else np.zeros(0, np.uint32)
+        flat = (
+            np.concatenate([np.asarray(s, dtype=np.uint32) for s in seqs])
+            if seqs
+            else np.zeros(0, np.uint32)
+        )
         return cls(flat, offsets, np.asarray(prompt_lens, dtype=np.int64))
 
     def save(self, path):
-        dtype = np.uint16 if self.tokens.size == 0 or self.tokens.max() < 65536 else np.uint32
+        dtype = (
+            np.uint16
+            if self.tokens.size == 0 or self.tokens.max() < 65536
+            else np.uint32
+        )
         np.savez_compressed(
-            path, tokens=self.tokens.astype(dtype), offsets=self.offsets, prompt_lens=self.prompt_lens
+            path,
+            tokens=self.tokens.astype(dtype),
+            offsets=self.offsets,
+            prompt_lens=self.prompt_lens,
         )
 
     @classmethod

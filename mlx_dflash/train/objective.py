@@ -140,7 +140,9 @@ def default_gamma(block_size: int) -> float:
     return {16: 7.0, 10: 5.0, 8: 4.0}.get(block_size, max(1.0, block_size * 7 / 16))
 
 
-def make_blocks(tokens: mx.array, anchors: mx.array, block_size: int, mask_token_id: int):
+def make_blocks(
+    tokens: mx.array, anchors: mx.array, block_size: int, mask_token_id: int
+):
     """Block ids (N, A, B), labels (N, A, B-1) and label positions."""
     N, S = tokens.shape
     j = mx.arange(block_size)

@@ -15,18 +15,28 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from ..draft import DFlashDraft, DraftArgs, default_target_layer_ids, load_draft, save_draft
+from ..draft import (
+    DFlashDraft,
+    DraftArgs,
+    default_target_layer_ids,
+    load_draft,
+    save_draft,
+)
 from .data import Dataset
 from .objective import block_loss, default_gamma, sample_anchors, target_features
 
 
 @dataclass
 class TrainArgs:
-    steps: int = field(default=2000, metadata={"help": "optimizer steps (sets the schedule)"})
+    steps: int = field(
+        default=2000, metadata={"help": "optimizer steps (sets the schedule)"}
+    )
     batch_size: int = field(default=16, metadata={"help": "sequences per step"})
     anchors: int = field(default=512, metadata={"help": "max anchors per sequence"})
     block_size: int = field(default=16, metadata={"help": "block size B"})
-    gamma: Optional[float] = field(default=None, metadata={"help": "loss decay (7 for B=16)"})
+    gamma: Optional[float] = field(
+        default=None, metadata={"help": "loss decay (7 for B=16)"}
+    )
     lr: float = field(default=6e-4, metadata={"help": "peak learning rate"})
     warmup: int = field(default=100, metadata={"help": "linear warmup steps"})
     min_lr_ratio: float = field(default=0.1, metadata={"help": "cosine floor / peak"})
@@ -34,10 +44,15 @@ class TrainArgs:
     grad_clip: float = field(default=1.0, metadata={"help": "global grad-norm clip"})
     max_len: int = field(default=1024, metadata={"help": "truncate sequences"})
     seed: int = field(default=0, metadata={"help": "rng seed"})
-    save_every: int = field(default=500, metadata={"help": "checkpoint interval (steps)"})
-    report_every: int = field(default=10, metadata={"help": "progress interval (steps)"})
+    save_every: int = field(
+        default=500, metadata={"help": "checkpoint interval (steps)"}
+    )
+    report_every: int = field(
+        default=10, metadata={"help": "progress interval (steps)"}
+    )
     time_budget: Optional[float] = field(
-        default=None, metadata={"help": "seconds; the step count shrinks to fit after step 30"}
+        default=None,
+        metadata={"help": "seconds; the step count shrinks to fit after step 30"},
     )
 
 
@@ -87,18 +102,25 @@ def schedule(args: TrainArgs, total: List[int]):
         warm = mx.minimum(1.0, (step + 1) / max(1, args.warmup))
         span = max(1, total[0] - args.warmup)
         t = mx.clip((step - args.warmup) / span, 0.0, 1.0)
-        cos = args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + mx.cos(math.pi * t))
+        cos = args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (
+            1 + mx.cos(math.pi * t)
+        )
         return args.lr * warm * cos
 
     return lr
 
 
-def make_batch(data: Dataset, idx: Sequence[int], args: TrainArgs, rng: np.random.Generator):
+def make_batch(
+    data: Dataset, idx: Sequence[int], args: TrainArgs, rng: np.random.Generator
+):
     """Right-padded tokens, lengths, anchors and their validity for `idx`."""
     seqs = [data.sequence(i)[: args.max_len] for i in idx]
     S = max(len(s) for s in seqs)
     S = -(-S // 64) * 64  # few distinct shapes: fewer kernel compiles on GPU
-    anchors = [sample_anchors(int(data.prompt_lens[i]), len(s), args.anchors, rng) for i, s in zip(idx, seqs)]
+    anchors = [
+        sample_anchors(int(data.prompt_lens[i]), len(s), args.anchors, rng)
+        for i, s in zip(idx, seqs)
+    ]
     A = max(1, max(len(a) for a in anchors))
     A = -(-A // 16) * 16
     tok = np.zeros((len(seqs), S), dtype=np.int32)
@@ -112,7 +134,9 @@ def make_batch(data: Dataset, idx: Sequence[int], args: TrainArgs, rng: np.rando
     return mx.array(tok), mx.array(lengths), mx.array(anc), mx.array(val)
 
 
-def _save_state(out: Path, draft, opt, step: int, rng: np.random.Generator, args: TrainArgs, total):
+def _save_state(
+    out: Path, draft, opt, step: int, rng: np.random.Generator, args: TrainArgs, total
+):
     save_draft(draft, out)
     state = dict(tree_flatten(opt.state))
     # In a subdirectory: load_draft reads every *.safetensors file in `out`.
@@ -120,7 +144,12 @@ def _save_state(out: Path, draft, opt, step: int, rng: np.random.Generator, args
     mx.save_safetensors(str(out / "train_state" / "optimizer.safetensors"), state)
     with open(out / "train_state" / "trainer_state.json", "w") as f:
         json.dump(
-            {"step": step, "total_steps": total[0], "rng": rng.bit_generator.state, "args": asdict(args)},
+            {
+                "step": step,
+                "total_steps": total[0],
+                "rng": rng.bit_generator.state,
+                "args": asdict(args),
+            },
             f,
         )
 
@@ -128,7 +157,9 @@ def _save_state(out: Path, draft, opt, step: int, rng: np.random.Generator, args
 def _load_state(out: Path, opt):
     with open(out / "train_state" / "trainer_state.json") as f:
         st = json.load(f)
-    opt.state = tree_unflatten(list(mx.load(str(out / "train_state" / "optimizer.safetensors")).items()))
+    opt.state = tree_unflatten(
+        list(mx.load(str(out / "train_state" / "optimizer.safetensors")).items())
+    )
     return st
 
 
@@ -147,7 +178,12 @@ class Progress:
         bar = "#" * fill + "." * (width - fill)
         parts = " ".join(f"{k} {v}" for k, v in vals.items())
         line = f"[{bar}] {step}/{total} {parts} | {el:.0f}s eta {eta:.0f}s"
-        print(("\r" if self.tty else "") + line, end="" if self.tty else "\n", file=self.stream, flush=True)
+        print(
+            ("\r" if self.tty else "") + line,
+            end="" if self.tty else "\n",
+            file=self.stream,
+            flush=True,
+        )
 
     def close(self):
         if self.tty:
@@ -175,7 +211,9 @@ def train(
     out = Path(out)
     gamma = args.gamma or default_gamma(args.block_size)
     total = [args.steps]
-    opt = optim.AdamW(learning_rate=schedule(args, total), weight_decay=args.weight_decay)
+    opt = optim.AdamW(
+        learning_rate=schedule(args, total), weight_decay=args.weight_decay
+    )
     opt.init(draft.trainable_parameters())
     rng = np.random.default_rng(args.seed)
     start = 0
@@ -235,7 +273,11 @@ def train(
             tau = 1 + acc["accepted"] / max(acc["blocks"], 1)
             rec = dict(step=step, loss=acc["loss"] / acc["n"], tau_est=tau)
             history.append(rec)
-            lr = opt.learning_rate.item() if isinstance(opt.learning_rate, mx.array) else 0.0
+            lr = (
+                opt.learning_rate.item()
+                if isinstance(opt.learning_rate, mx.array)
+                else 0.0
+            )
             prog.update(
                 step,
                 total[0],
@@ -285,8 +327,13 @@ def evaluate_tau(
         out = [
             t
             for t, _ in generate_step(
-                target, list(p), drafter, max_tokens=max_tokens, block_size=block_size,
-                stop_tokens=stop_tokens, stats=s,
+                target,
+                list(p),
+                drafter,
+                max_tokens=max_tokens,
+                block_size=block_size,
+                stop_tokens=stop_tokens,
+                stats=s,
             )
         ]
         stats.cycles += s.cycles
@@ -298,7 +345,9 @@ def evaluate_tau(
         taus.append(s.tau)
         if check_lossless:
             ref = []
-            for tok, _ in mlx_generate_step(mx.array(list(p)), target.model, max_tokens=len(out)):
+            for tok, _ in mlx_generate_step(
+                mx.array(list(p)), target.model, max_tokens=len(out)
+            ):
                 ref.append(int(tok))
                 if int(tok) in set(stop_tokens):
                     break
