@@ -7,7 +7,10 @@ import sys
 import mlx.core as mx
 
 from .decode import Fallback, stream_generate
+from .device import backend, device_info, draft_dtype, traps
 from .load import load_target, make_drafter
+from .memory import available_memory, check_memory, gb, memory_model
+from .registry import draft_for
 from .sampling import SamplingParams
 
 
@@ -20,9 +23,18 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--draft",
         default=None,
-        help="DFlash checkpoint directory (z-lab format), 'lookup' for prompt "
-        "lookup, or 'none' for plain decoding (default: the shipped drafter for "
-        "the default model; required with --model)",
+        help="DFlash checkpoint directory or Hugging Face repo (z-lab format), "
+        "'lookup' for prompt lookup, or 'none' for plain decoding (default: the "
+        "shipped drafter for the default model; with --model, the published "
+        "drafter for that target, see registry.py)",
+    )
+    parser.add_argument(
+        "--draft-quantize",
+        type=int,
+        choices=[4, 8],
+        default=None,
+        help="quantize the DFlash drafter's Linear layers to 4 or 8 bits (group "
+        "size 64); output is unchanged, acceptance may drop",
     )
     parser.add_argument(
         "--prompt", "-p", required=True, help="the prompt ('-' reads stdin)"
@@ -65,9 +77,22 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "(default: decode plainly for a while and re-probe)",
     )
     parser.add_argument(
+        "--max-memory-gb",
+        type=float,
+        default=None,
+        help="refuse to start when the estimated memory (weights + caches) "
+        "exceeds this (default: what the device has free)",
+    )
+    parser.add_argument(
         "--json",
         action="store_true",
         help="print one JSON object: text, token ids, stats",
+    )
+    parser.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        help="say which drafter, drafter dtype (and why) and memory estimate are used",
     )
     return parser
 
@@ -85,12 +110,15 @@ def encode_prompt(
     return tokenizer.encode(prompt)
 
 
+def log(args, message: str):
+    if args.verbose:
+        print(message, file=sys.stderr, flush=True)
+
+
 def run(args) -> dict:
     if args.model is not None and args.draft is None:
-        raise ValueError(
-            "--draft is required with --model: a DFlash checkpoint directory, "
-            "'lookup' or 'none' (train one with `mlx-dflash train`)"
-        )
+        args.draft = draft_for(args.model)
+        log(args, f"[mlx-dflash] drafter for {args.model}: {args.draft} (registry)")
     sampling = SamplingParams(
         temperature=args.temp,
         top_p=args.top_p,
@@ -100,11 +128,17 @@ def run(args) -> dict:
     )
     dtype = getattr(mx, args.dtype) if args.dtype else None
     target, tokenizer = load_target(args.model, dtype=dtype)
-    draft_dtype = dtype
-    if draft_dtype is None and mx.default_device() == mx.cpu:
-        draft_dtype = mx.float32  # bf16 matmuls are slow on MLX's CPU backend
-    drafter, native_block = make_drafter(args.draft, target, dtype=draft_dtype)
+    info, where = device_info(), backend()
+    policy = draft_dtype(info, where, requested=dtype)
+    drafter, native_block = make_drafter(
+        args.draft, target, dtype=policy.dtype, quantize=args.draft_quantize
+    )
     block_size = args.block_size or native_block or 16
+    uses_draft = block_size > 1 and hasattr(drafter, "draft")
+    if uses_draft:
+        log(args, f"[mlx-dflash] drafter dtype {policy.name}: {policy.reason}")
+    for trap in traps(info, where, dtype=dtype):
+        print(f"[mlx-dflash] warning: {trap}", file=sys.stderr)
     prompt_text = sys.stdin.read() if args.prompt == "-" else args.prompt
     prompt = encode_prompt(
         tokenizer,
@@ -113,6 +147,22 @@ def run(args) -> dict:
         system=args.system,
         template_args=args.chat_template_args,
     )
+    limit = None if args.max_memory_gb is None else int(args.max_memory_gb * 1e9)
+    estimate = memory_model(target, drafter).estimate(
+        len(prompt),
+        args.max_tokens,
+        block_size=block_size,
+        prefill_step=args.prefill_step_size,
+        backend=where,
+    )
+    available = available_memory(info, where, limit=limit)
+    log(
+        args,
+        f"[mlx-dflash] memory: ~{gb(estimate.new)} for {estimate.tokens} tokens "
+        f"beyond {gb(estimate.weights)} of weights; "
+        f"{'unknown' if available is None else gb(available)} available",
+    )
+    check_memory(estimate, available)
     pieces, tokens = [], []
     last = None
     for r in stream_generate(
@@ -143,6 +193,9 @@ def run(args) -> dict:
         "generation_tps": round(last.generation_tps, 3),
         "peak_memory_gb": round(last.peak_memory, 3),
         "drafter": drafter.name if block_size > 1 else "none",
+        "draft_dtype": policy.name if uses_draft else None,
+        "draft_dtype_reason": policy.reason if uses_draft else None,
+        "draft_quantize": args.draft_quantize if uses_draft else None,
         "stats": last.stats.as_dict(),
     }
     return result

@@ -1,15 +1,18 @@
 """Load a target and build a drafter from command-line style specs."""
 
+import re
 from pathlib import Path
-
-DEFAULT_DRAFT = Path(__file__).parent / "default_draft"
 from typing import Optional, Tuple
 
 import mlx.core as mx
+import mlx.nn as nn
 
-from .draft import load_draft
+from .draft import DFlashDraft, load_draft
 from .drafters import DFlashDrafter, Drafter, PromptLookupDrafter
 from .target import Target
+
+DEFAULT_DRAFT = Path(__file__).parent / "default_draft"
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def load_target(
@@ -42,15 +45,21 @@ def load_target(
 
 
 def make_drafter(
-    spec: Optional[str], target: Target, *, dtype: Optional[mx.Dtype] = None
+    spec: Optional[str],
+    target: Target,
+    *,
+    dtype: Optional[mx.Dtype] = None,
+    quantize: Optional[int] = None,
 ) -> Tuple[Optional[Drafter], Optional[int]]:
     """Turn `--draft` into a drafter.
 
     Args:
         spec: "lookup" (prompt lookup), "none" (plain decoding), a z-lab
-          format DFlash checkpoint directory, or None for the shipped default
-          drafter (trained for the default target).
+          format DFlash checkpoint directory or Hugging Face repo id, or None
+          for the shipped default drafter (trained for the default target).
         target: the loaded target; DFlash drafters tap its layers.
+        dtype: cast the DFlash drafter to this dtype (see `device.draft_dtype`).
+        quantize: 4 or 8: quantize the DFlash drafter's Linear layers.
 
     Returns `(drafter, native_block_size)`; the block size is None when the
     drafter has no preferred one.
@@ -61,10 +70,60 @@ def make_drafter(
         return PromptLookupDrafter(), 1
     if spec == "lookup":
         return PromptLookupDrafter(), None
-    if not Path(spec).is_dir():
-        raise ValueError(
-            f"--draft {spec!r} is neither 'lookup', 'none' nor a checkpoint directory"
-        )
-    draft = load_draft(spec, target=target, dtype=dtype)
+    draft = load_draft(draft_path(spec), target=target, dtype=dtype)
+    if quantize is not None:
+        quantize_draft(draft, quantize)
     target.set_capture_layers(draft.args.target_layer_ids)
     return DFlashDrafter(draft, target), draft.args.block_size
+
+
+def draft_path(spec: str) -> Path:
+    """A local checkpoint directory, or a Hugging Face repo id fetched into the
+    Hugging Face cache (config and safetensors only), as mlx_lm fetches models."""
+    if Path(spec).is_dir():
+        return Path(spec)
+    if not REPO_ID.match(spec) or spec.startswith((".", "/", "~")):
+        raise ValueError(
+            f"--draft {spec!r} is neither 'lookup', 'none', a checkpoint directory "
+            "nor a Hugging Face repo id"
+        )
+    from huggingface_hub import snapshot_download
+
+    try:
+        path = snapshot_download(spec, allow_patterns=["*.json", "*.safetensors"])
+    except Exception as e:  # noqa: BLE001 - offline, missing repo, auth, ...
+        raise ValueError(
+            f"--draft {spec!r} is not a local directory and fetching it from "
+            f"Hugging Face failed ({type(e).__name__})"
+        ) from e
+    return Path(path)
+
+
+def quantize_draft(
+    draft: DFlashDraft, bits: int, *, group_size: int = 64
+) -> DFlashDraft:
+    """Quantize a DFlash drafter's Linear layers in place (`mlx.nn.quantize`).
+
+    Output stays the target's own whatever the drafter's quality; a coarser
+    drafter only lowers acceptance. Layers whose input width is not a multiple
+    of `group_size` stay as they are, and so does `fc`: the drafter reads its
+    activation dtype from `fc.weight`. Cast the dtype first: the scales take it.
+
+    Args:
+        draft: a loaded `DFlashDraft`.
+        bits: 4 or 8.
+        group_size: elements per quantization group.
+    """
+    if bits not in (4, 8):
+        raise ValueError(f"--draft-quantize must be 4 or 8, got {bits}")
+
+    def quantizable(path, module):
+        return (
+            isinstance(module, nn.Linear)
+            and path != "fc"
+            and module.weight.shape[-1] % group_size == 0
+        )
+
+    nn.quantize(draft, group_size=group_size, bits=bits, class_predicate=quantizable)
+    mx.eval(draft.parameters())
+    return draft

@@ -18,8 +18,16 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--draft",
         default=None,
-        help="DFlash checkpoint directory, 'lookup' (prompt lookup) or "
-        "'none' (plain decoding); default: none",
+        help="DFlash checkpoint directory or Hugging Face repo, 'lookup' (prompt "
+        "lookup) or 'none' (plain decoding); default: the shipped drafter for the "
+        "default model, with --model the published drafter for it (registry.py)",
+    )
+    parser.add_argument(
+        "--draft-quantize",
+        type=int,
+        choices=[4, 8],
+        default=None,
+        help="quantize the DFlash drafter's Linear layers to 4 or 8 bits",
     )
     parser.add_argument(
         "--block-size",
@@ -84,6 +92,13 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="always speculate, even while acceptance is below break-even "
         "(default: decode plainly for a while and re-probe)",
     )
+    parser.add_argument(
+        "--max-memory-gb",
+        type=float,
+        default=None,
+        help="answer 400 to requests whose estimated memory (weights + caches) "
+        "exceeds this (default: what the device has free)",
+    )
     parser.add_argument("--log-level", default="info")
     return parser
 
@@ -92,12 +107,22 @@ def make_provider(args):
     """Loads on the generation thread: MLX streams belong to their thread."""
 
     def provider():
+        from .device import backend, device_info, draft_dtype, traps
         from .load import load_target, make_drafter
 
+        log = logging.getLogger("mlx_dflash.server")
         dtype = getattr(mx, args.dtype) if args.dtype else None
         target, tokenizer = load_target(args.model, dtype=dtype)
-        drafter, native = make_drafter(args.draft, target, dtype=dtype)
+        info, where = device_info(), backend()
+        policy = draft_dtype(info, where, requested=dtype)
+        drafter, native = make_drafter(
+            args.draft, target, dtype=policy.dtype, quantize=args.draft_quantize
+        )
         block_size = args.block_size or native or 16
+        if hasattr(drafter, "draft"):
+            log.info("drafter dtype %s: %s", policy.name, policy.reason)
+        for trap in traps(info, where, dtype=dtype):
+            log.warning(trap)
         return target, tokenizer, drafter, block_size
 
     return provider
@@ -115,10 +140,12 @@ def main(argv=None):
     if args.default_temperature is not None and args.default_temperature < 0:
         parser.error("--default-temperature must be >= 0")
     if args.model is not None and args.draft is None:
-        parser.error(
-            "--draft is required with --model: a DFlash checkpoint directory, "
-            "'lookup' or 'none' (train one with `mlx-dflash train`)"
-        )
+        from .registry import draft_for
+
+        try:
+            args.draft = draft_for(args.model)
+        except ValueError as e:
+            parser.exit(2, f"error: {e}\n")
     if args.model is None:
         from .gguf import find_default_gguf
 
@@ -142,6 +169,9 @@ def main(argv=None):
         default_temperature=args.default_temperature,
         fallback=None if args.no_fallback else Fallback(),
         chat_template_args=args.chat_template_args,
+        max_memory=(
+            None if args.max_memory_gb is None else int(args.max_memory_gb * 1e9)
+        ),
     )
     try:
         engine = Engine(make_provider(args), config).start()

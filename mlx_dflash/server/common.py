@@ -81,6 +81,10 @@ def check_length(engine: Engine, prompt: Sequence[int], max_tokens: int):
             param="messages",
             code="context_length_exceeded",
         )
+    try:
+        engine.check_memory(len(prompt), max_tokens)
+    except ValueError as e:
+        raise APIError(400, str(e), param="max_tokens", code="insufficient_memory")
 
 
 @dataclass

@@ -18,6 +18,8 @@ import mlx.core as mx
 from mlx_lm.models.cache import trim_prompt_cache
 
 from ..decode import Fallback, SpecStats, generate_step, prefill
+from ..device import backend, device_info
+from ..memory import available_memory, check_memory, memory_model
 from ..sampling import SamplingParams
 from .metrics import Metrics
 from .prompt_cache import PromptCache, load_drafter, save_drafter
@@ -44,6 +46,8 @@ class EngineConfig:
     chat_template_args: dict = field(default_factory=dict)
     # Plain decoding while speculation does not pay (None: always speculate).
     fallback: Optional[Fallback] = field(default_factory=Fallback)
+    # Cap in bytes on this process's memory (None: what the device has free).
+    max_memory: Optional[int] = None
 
 
 @dataclass
@@ -124,6 +128,8 @@ class Engine:
             if self.config.max_context is None:
                 args = getattr(self.target.lm, "args", None)
                 self.config.max_context = getattr(args, "max_position_embeddings", None)
+            self.memory = memory_model(self.target, self.drafter)
+            self.device = (device_info(), backend())
             self.alive = True
         except BaseException as e:  # noqa: BLE001 - reported to start()
             self._load_error = e
@@ -175,6 +181,25 @@ class Engine:
     @property
     def drafter_name(self) -> str:
         return self.drafter.name if self.block_size > 1 else "none"
+
+    def check_memory(self, prompt_tokens: int, max_tokens: Optional[int]):
+        """Raise a one-line ValueError when a request would not fit in memory.
+
+        Arithmetic only, safe off the generation thread. Prompt-cache entries
+        count as free: they are evicted before a request is refused for them.
+        """
+        info, where = self.device
+        estimate = self.memory.estimate(
+            prompt_tokens,
+            max_tokens or self.config.default_max_tokens,
+            block_size=self.block_size,
+            prefill_step=self.config.prefill_step_size,
+            backend=where,
+        )
+        available = available_memory(info, where, limit=self.config.max_memory)
+        if available is not None and self.prompt_cache is not None:
+            available += self.prompt_cache.nbytes
+        check_memory(estimate, available)
 
     def submit(self, job: Job) -> Job:
         job.loop = asyncio.get_running_loop()
