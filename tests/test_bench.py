@@ -1,25 +1,38 @@
 """Bench: statistics, acceptance definitions, report writers, a tiny end-to-end run."""
 
+import argparse
 import json
 import struct
+from dataclasses import replace
 
 import mlx.core as mx
 import pytest
+from mlx_lm.generate import generate_step as mlx_generate_step
+from mlx_lm.sample_utils import make_sampler
 from models import VOCAB, tiny_model
 
-from mlx_dflash.bench import report
+from mlx_dflash.bench import cli, report
+from mlx_dflash.bench.cli import build_parser, sampling_settings
 from mlx_dflash.bench.engine import (
     EngineDrafter,
     geometric_p,
     geometric_schedule,
     make_engine_drafter,
 )
-from mlx_dflash.bench.runner import Arm, Case, run_case
+from mlx_dflash.bench.runner import (
+    Arm,
+    Case,
+    pool_stats,
+    run_baseline,
+    run_case,
+    run_spec,
+)
 from mlx_dflash.bench.shapes import draft_for_target
 from mlx_dflash.bench.stats import ideal_speedup, run_order, summarize, token_match
 from mlx_dflash.bench.suites import SUITES, load_suite, suite_prompts
 from mlx_dflash.decode import SpecStats, generate_step
-from mlx_dflash.drafters import PromptLookupDrafter
+from mlx_dflash.drafters import DFlashDrafter, PromptLookupDrafter
+from mlx_dflash.sampling import SamplingParams
 from mlx_dflash.target import Target
 
 
@@ -181,3 +194,211 @@ def test_end_to_end_and_writers(tmp_path):
     w, h = struct.unpack(">II", head[16:24])
     assert w > 100 and h > 100
     assert "engine τ=4" in report.table(results)
+
+
+# ---- sampling parameters ---------------------------------------------------------
+
+
+def _dflash(target, block=8):
+    draft = draft_for_target(
+        target.model, target.num_layers, num_layers=1, block_size=block
+    )
+    target.set_capture_layers(draft.args.target_layer_ids)
+    return draft
+
+
+def test_sampling_settings_from_flags():
+    parser = build_parser(argparse.ArgumentParser())
+    args = parser.parse_args(
+        "--temp 0,0.7,1.0 --top-p 0.9 --top-k 20 --min-p 0.05 --seed 7".split()
+    )
+    sps = sampling_settings(args)
+    assert [sp.temperature for sp in sps] == [0.0, 0.7, 1.0]
+    assert all(
+        (sp.top_p, sp.top_k, sp.min_p, sp.seed) == (0.9, 20, 0.05, 7) for sp in sps
+    )
+    assert sampling_settings(parser.parse_args([]))[0].greedy  # default: greedy
+    for bad in ["--temp=-0.5", "--top-p=0", "--top-k=-1", "--min-p=2"]:
+        with pytest.raises(ValueError):
+            sampling_settings(parser.parse_args([bad]))
+
+
+def test_sampled_baseline_is_stock_make_sampler_and_seeded():
+    target = _target()
+    prompt, n = [3, 1, 4, 1, 5, 9, 2, 6], 24
+    sp = SamplingParams(temperature=0.9, top_p=0.95, top_k=40, min_p=0.02, seed=3)
+    got = run_baseline(target, prompt, n, 2048, sp).tokens
+    mx.random.seed(3)
+    sampler = make_sampler(0.9, top_p=0.95, min_p=0.02, top_k=40)
+    stock = mlx_generate_step(
+        mx.array(prompt), target.model, max_tokens=n, sampler=sampler
+    )
+    assert got == [int(t) for t, _ in stock]
+    assert run_baseline(target, prompt, n, 2048, sp).tokens == got
+    other = run_baseline(target, prompt, n, 2048, replace(sp, seed=4)).tokens
+    greedy = run_baseline(target, prompt, n, 2048).tokens
+    assert other != got and greedy != got  # the seed and the temperature are used
+
+
+def test_sampled_spec_run_is_seeded_speculative_sampling():
+    target = _target()
+    draft = _dflash(target)
+    prompt, n = [3, 1, 4, 1, 5, 9, 2, 6], 24
+    sp = SamplingParams(temperature=0.8, top_k=30, seed=5)
+    r = run_spec(target, prompt, DFlashDrafter(draft, target), n, 8, 2048, sp)
+    direct = generate_step(
+        target,
+        prompt,
+        DFlashDrafter(draft, target),
+        max_tokens=n,
+        block_size=8,
+        sampling=sp,
+    )
+    assert r.tokens == [t for t, _ in direct]
+    assert r.spec.cycles > 0 and r.spec.drafted > 0
+    again = run_spec(target, prompt, DFlashDrafter(draft, target), n, 8, 2048, sp)
+    assert again.tokens == r.tokens
+    greedy = run_spec(target, prompt, DFlashDrafter(draft, target), n, 8, 2048)
+    assert greedy.tokens != r.tokens
+
+
+def test_pool_stats_sums_counts_before_ratios():
+    a, b = SpecStats(4), SpecStats(4)
+    a.record(drafted=3, accepted=3, emitted=4)
+    b.record(drafted=3, accepted=0, emitted=1)
+    b.record(drafted=3, accepted=1, emitted=2)
+    p = pool_stats([a, b])
+    assert p["runs"] == 2 and p["cycles"] == 3
+    # Pooled, not the mean of the runs' τ (4.0 and 1.5); as_dict rounds to 1e-4.
+    assert p["tau"] == pytest.approx((4 + 1 + 2) / 3, abs=1e-4)
+    assert p["acceptance_rate"] == pytest.approx(4 / 9, abs=1e-4)
+    assert p["draft_share"] == pytest.approx(4 / 7, abs=1e-4)
+    assert p["per_position_acceptance"] == pytest.approx(
+        [2 / 3, 1 / 3, 1 / 3], abs=1e-4
+    )
+    assert (p["accepted_at"], p["drafted_at"]) == ([2, 1, 1], [3, 3, 3])
+
+
+def test_run_case_per_temperature_and_writers(tmp_path):
+    target = _target()
+    draft = _dflash(target)
+    arms = [
+        Arm("dflash", lambda ref: DFlashDrafter(draft, target), 8),
+        Arm("lookup", lambda ref: PromptLookupDrafter(), 8),
+    ]
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6] * 2
+    cases = [
+        run_case(
+            target,
+            Case("code", "tiny", prompt, 16, SamplingParams(temperature=t, seed=1)),
+            arms,
+            repeats=2,
+            cooldown=0.0,
+            profile=False,
+        )
+        for t in (0.0, 0.7)
+    ]
+    greedy, sampled = cases
+    assert greedy["sampling"]["temperature"] == 0.0 and greedy["baseline_deterministic"]
+    assert sampled["sampling"] == {
+        "temperature": 0.7,
+        "top_p": 1.0,
+        "top_k": 0,
+        "min_p": 0.0,
+        "seed": 1,
+    }
+    assert sampled["baseline_deterministic"] is None
+    for name in ("dflash", "lookup"):
+        g, s = greedy["arms"][name], sampled["arms"][name]
+        assert g["token_match"]["equal_pct"] == 100.0  # greedy stays lossless
+        assert s["token_match"] is None  # different samples: no match claimed
+        for a in (g, s):
+            assert a["spec"]["runs"] == 2 and a["tau_per_run"]["n"] == 2
+            assert 1.0 <= a["spec"]["tau"] <= 8.0
+            assert (
+                a["tau_per_run"]["min"] <= a["spec"]["tau"] <= a["tau_per_run"]["max"]
+            )
+            assert all("tau" in r for r in a["per_run"])
+
+    results = {
+        "title": "tiny sampled",
+        "settings": {"temp": [0.0, 0.7]},
+        "environment": report.environment(),
+        "cases": cases,
+    }
+    by_t = report.by_temperature(results)
+    assert [(r["temperature"], r["decoder"]) for r in by_t] == [
+        (0.0, "mlx_lm (stock)"),
+        (0.0, "dflash"),
+        (0.0, "lookup"),
+        (0.7, "mlx_lm (stock)"),
+        (0.7, "dflash"),
+        (0.7, "lookup"),
+    ]
+    row = by_t[4]
+    # One case: the same pool as the case's own (which is rounded to 1e-4).
+    assert row["tau"] == pytest.approx(
+        sampled["arms"]["dflash"]["spec"]["tau"], abs=1e-4
+    )
+    assert row["token_match_pct"] is None and by_t[1]["token_match_pct"] == 100.0
+    assert row["speedup"]["n"] == 2
+
+    js, md, png = report.write(results, tmp_path / "s", "mlx-dflash bench --temp 0,0.7")
+    assert len(json.loads(js.read_text())["by_temperature"]) == 6
+    text = md.read_text()
+    assert "## By temperature" in text and report.SAMPLED in text
+    lines = text.splitlines()
+    sampled_rows = [l for l in lines if l.startswith("| code/tiny (16+16) T=0.7 |")]
+    assert len(sampled_rows) == 3
+    assert all(report.SAMPLED in l for l in sampled_rows[1:])
+    assert all(l.count("|") == len(report.HEADER) + 1 for l in sampled_rows)
+    t_rows = [l for l in lines if l.startswith("| 0.7 |")]
+    assert len(t_rows) == 3
+    assert all(l.count("|") == len(report.BY_TEMP_HEADER) + 1 for l in t_rows)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_temperatures_end_to_end(tmp_path, capsys):
+    cli.main(
+        [
+            "--shape",
+            "tiny-qwen3",
+            "--dtype",
+            "float32",
+            "--draft",
+            "lookup",
+            "--temp",
+            "0,1.0",
+            "--top-k",
+            "50",
+            "--seed",
+            "2",
+            "--suites",
+            "code",
+            "--prompts-per-suite",
+            "1",
+            "--max-tokens",
+            "8",
+            "--repeats",
+            "1",
+            "--cooldown",
+            "0",
+            "--block-size",
+            "4",
+            "--no-profile",
+            "--no-png",
+            "--out",
+            str(tmp_path / "cli"),
+        ]
+    )
+    res = json.loads((tmp_path / "cli.json").read_text())
+    temps = [c["sampling"]["temperature"] for c in res["cases"]]
+    assert temps == [0.0, 1.0]
+    assert all(c["sampling"]["top_k"] == 50 for c in res["cases"])
+    assert (
+        res["settings"]["greedy"] is False
+        and "make_sampler" in res["settings"]["baseline"]
+    )
+    assert {r["temperature"] for r in res["by_temperature"]} == {0.0, 1.0}
+    head = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [h["temp"] for h in head] == [0.0, 1.0]

@@ -3,6 +3,7 @@
 Examples:
   mlx-dflash bench --draft lookup,engine --max-tokens 128          # default pair
   mlx-dflash bench --shape qwen3-8b --draft engine --tau 4,6.5,9   # random 8B shape
+  mlx-dflash bench --draft path/to/draft --temp 0,0.7,1.0            # τ per temperature
 """
 
 import argparse
@@ -11,10 +12,12 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import List
 
 import mlx.core as mx
 
-from ..drafters import PromptLookupDrafter
+from ..drafters import DFlashDrafter, PromptLookupDrafter
+from ..sampling import SamplingParams
 from ..target import Target
 from . import report
 from .engine import make_engine_drafter
@@ -101,7 +104,22 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--no-profile", action="store_true", help="skip the per-part cycle profile"
     )
     p.add_argument("--no-png", action="store_true")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--temp",
+        type=_floats,
+        default=[0.0],
+        help="comma list of sampling temperatures; 0 = greedy. At T > 0 stock mlx_lm "
+        "samples with make_sampler and ours with lossless speculative sampling",
+    )
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="random weights, engine schedules, and sampling: repeat r draws from seed + r",
+    )
     p.add_argument(
         "--out",
         default=None,
@@ -182,18 +200,25 @@ def make_arms(args, target, vocab, make_draft):
         else:
             from ..load import make_drafter
 
-            drafter, native = make_drafter(spec, target)
+            dtype = getattr(mx, args.dtype) if args.dtype else None
+            drafter, native = make_drafter(spec, target, dtype=dtype)
             block = native or args.block_size
-
-            def make(ref, spec=spec):
-                return make_drafter(spec, target)[0]
+            if isinstance(drafter, DFlashDrafter):
+                # Fresh drafter state around the weights loaded once.
+                make = lambda ref, d=drafter.draft: DFlashDrafter(d, target)
+            else:
+                make = lambda ref, spec=spec: make_drafter(spec, target)[0]
 
             arms.append(Arm(Path(spec).name, make, block))
     return arms
 
 
 def _progress(total):
+    # A redirected stderr (a log file) gets one timestamped line per run instead
+    # of a live bar, which rich would only draw when it stops.
     try:
+        if not sys.stderr.isatty():
+            raise ImportError
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         prog = Progress(
@@ -211,14 +236,32 @@ def _progress(total):
 
         def step(msg):
             n[0] += 1
-            print(f"[{n[0]}/{total}] {msg}", file=sys.stderr, flush=True)
+            stamp = time.strftime("%H:%M:%S")
+            print(f"{stamp} [{n[0]}/{total}] {msg}", file=sys.stderr, flush=True)
 
         return step, lambda: None
+
+
+def sampling_settings(args) -> List[SamplingParams]:
+    """One `SamplingParams` per `--temp` value (validated there), seeded with `--seed`."""
+    if not args.temp:
+        raise ValueError("--temp needs at least one temperature")
+    return [
+        SamplingParams(
+            temperature=t,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            min_p=args.min_p,
+            seed=args.seed,
+        )
+        for t in args.temp
+    ]
 
 
 def run(args, argv) -> dict:
     if args.block_size < 2:
         raise ValueError(f"--block-size must be >= 2, got {args.block_size}")
+    samplings = sampling_settings(args)
     target, tokenizer, label, make_draft = load(args)
     vocab = target.embed_tokens.weight.shape[0]
     arms = make_arms(args, target, vocab, make_draft)
@@ -233,7 +276,8 @@ def run(args, argv) -> dict:
             seed=args.seed,
         ):
             for n in args.max_tokens:
-                cases.append(Case(suite, pid, ids, n))
+                for sp in samplings:
+                    cases.append(Case(suite, pid, ids, n, sp))
     per_case = (
         1 + len(arms) + (0 if args.no_profile else 1) + args.repeats * (len(arms) + 1)
     )
@@ -260,16 +304,24 @@ def run(args, argv) -> dict:
         target=label,
         arms=[a.name for a in arms],
         draft_layers=args.draft_layers,
-        greedy=True,
+        greedy=all(sp.greedy for sp in samplings),
         eos="off (fixed lengths)",
-        baseline="mlx_lm.generate.generate_step",
+        baseline="mlx_lm.generate.generate_step"
+        + (
+            ""
+            if all(sp.greedy for sp in samplings)
+            else " (T > 0: sampler=mlx_lm.sample_utils.make_sampler(temp, top_p, "
+            "min_p, top_k), mx.random.seed(seed + repeat))"
+        ),
     )
-    return {
+    results = {
         "title": args.title or f"mlx-dflash bench: {label}, block {args.block_size}",
         "settings": settings,
         "environment": report.environment(),
         "cases": results,
     }
+    results["by_temperature"] = report.by_temperature(results)
+    return results
 
 
 def main(argv=None):
@@ -295,6 +347,7 @@ def main(argv=None):
         {
             "case": f"{c['suite']}/{c['name']}",
             "arm": n,
+            "temp": c.get("sampling", {}).get("temperature", 0.0),
             "speedup": round(a["speedup"]["median"], 3),
             "tau": a["spec"]["tau"],
             "efficiency": round(a.get("efficiency", float("nan")), 3),

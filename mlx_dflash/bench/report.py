@@ -6,6 +6,8 @@ import subprocess
 from pathlib import Path
 from typing import List
 
+from .stats import summarize
+
 NOTES = (
     "decode tok/s: tokens after the first / time after the first token (prefill excluded). "
     "TTFT: prompt in to first token out. speedup: DFlash decode tok/s / stock mlx_lm decode "
@@ -17,8 +19,137 @@ NOTES = (
     "cycle = measured decode time / cycles; overhead = cycle - draft - verify. "
     "verify@new-len: first 16-token forward at a new key length (includes any JIT compile). "
     "cold ×: speedup of the arm's first run, which meets every key length for the first time "
-    "(timed runs repeat lengths already seen in warm-up)."
+    "(timed runs repeat lengths already seen in warm-up). "
+    "T > 0: stock mlx_lm samples with make_sampler(temp, top_p, min_p, top_k), ours with "
+    "lossless speculative sampling (drafts drawn from the drafter's q, accepted with "
+    "min(1, p/q)); repeat r seeds both with seed + r. The two draw different, equally "
+    "valid samples, so token match is n/a; τ, acc/drafted and share from draft are pooled "
+    "over all timed runs. Engine arms are τ-controlled only at T = 0 (their oracle drafts "
+    "are one-hot, accepted with probability p(x) when sampling)."
 )
+
+SAMPLED = "n/a (sampled)"
+
+
+def _temp(case: dict) -> float:
+    return case.get("sampling", {}).get("temperature", 0.0)
+
+
+def by_temperature(results: dict) -> List[dict]:
+    """Per temperature and decoder, pooled over cases: τ, both acceptance
+    ratios, per-position acceptance, tok/s and speedup over every timed run."""
+    groups = {}
+    for c in results["cases"]:
+        t = _temp(c)
+        groups.setdefault((t, "mlx_lm (stock)"), []).append((c, c["baseline"], None))
+        for name, a in c["arms"].items():
+            groups.setdefault((t, name), []).append((c, a, c["baseline"]))
+    out = []
+    for (t, name), items in groups.items():
+        row = {
+            "temperature": t,
+            "decoder": name,
+            "cases": len(items),
+            "decode_tps": summarize(
+                [r["decode_tps"] for _, a, _ in items for r in a["per_run"]]
+            ),
+        }
+        if items[0][2] is not None:
+            cycles = sum(a["spec"]["cycles"] for _, a, _ in items)
+            drafted = sum(a["spec"]["drafted"] for _, a, _ in items)
+            accepted = sum(a["spec"]["accepted"] for _, a, _ in items)
+            emitted = sum(
+                a["spec"].get("emitted", 0) + a["spec"]["fallback"]["plain_tokens"]
+                for _, a, _ in items
+            )
+            acc_at = [
+                sum(x)
+                for x in zip(*(a["spec"].get("accepted_at", []) for _, a, _ in items))
+            ]
+            dr_at = [
+                sum(x)
+                for x in zip(*(a["spec"].get("drafted_at", []) for _, a, _ in items))
+            ]
+            matches = [a["token_match"] for _, a, _ in items]
+            row.update(
+                runs=sum(a["spec"].get("runs", 1) for _, a, _ in items),
+                tau=(accepted + cycles) / cycles if cycles else 0.0,
+                tau_per_run=summarize(
+                    [r["tau"] for _, a, _ in items for r in a["per_run"] if "tau" in r]
+                ),
+                acceptance_rate=accepted / drafted if drafted else 0.0,
+                draft_share=accepted / emitted if emitted else 0.0,
+                per_position_acceptance=[
+                    x / d if d else 0.0 for x, d in zip(acc_at, dr_at)
+                ],
+                speedup=summarize(
+                    [
+                        r["decode_tps"] / b["decode_tps"]
+                        for _, a, base in items
+                        for r, b in zip(a["per_run"], base["per_run"])
+                    ]
+                ),
+                token_match_pct=(
+                    None
+                    if any(m is None for m in matches)
+                    else sum(m["equal_pct"] for m in matches) / len(matches)
+                ),
+            )
+        out.append(row)
+    return sorted(
+        out, key=lambda r: (r["temperature"], r["decoder"] != "mlx_lm (stock)")
+    )
+
+
+BY_TEMP_HEADER = [
+    "T",
+    "decoder",
+    "cases",
+    "τ pooled",
+    "τ per run med [min–max]",
+    "acc/drafted",
+    "share from draft",
+    "decode tok/s med [min–max]",
+    "speedup med [min–max]",
+    "match %",
+]
+
+
+def by_temperature_rows(rows_: List[dict]) -> List[List[str]]:
+    out = []
+    for r in rows_:
+        if "tau" not in r:
+            out.append(
+                [
+                    f"{r['temperature']:g}",
+                    r["decoder"],
+                    str(r["cases"]),
+                    "",
+                    "",
+                    "",
+                    "",
+                    _mmm(r["decode_tps"]),
+                    "1.00",
+                    "",
+                ]
+            )
+            continue
+        m = r["token_match_pct"]
+        out.append(
+            [
+                f"{r['temperature']:g}",
+                r["decoder"],
+                str(r["cases"]),
+                f"{r['tau']:.3f}",
+                _mmm(r["tau_per_run"], "{:.2f}"),
+                f"{r['acceptance_rate']:.3f}",
+                f"{r['draft_share']:.3f}",
+                _mmm(r["decode_tps"]),
+                _mmm(r["speedup"], "{:.2f}"),
+                SAMPLED if m is None else f"{m:.1f}",
+            ]
+        )
+    return out
 
 
 def environment() -> dict:
@@ -80,6 +211,8 @@ def rows(results: dict) -> List[List[str]]:
     for c in results["cases"]:
         b = c["baseline"]
         case = f"{c['suite']}/{c['name']} ({c['prompt_tokens']}+{c['max_tokens']})"
+        if "sampling" in c:
+            case += f" T={_temp(c):g}"
         out.append(
             [
                 case,
@@ -105,7 +238,15 @@ def rows(results: dict) -> List[List[str]]:
         )
         for name, a in c["arms"].items():
             sp, tm, p = a["spec"], a["token_match"], a.get("profile") or {}
-            div = "—" if tm["first_divergence"] is None else str(tm["first_divergence"])
+            if tm is None:
+                match, div = SAMPLED, "n/a"
+            else:
+                match = f"{tm['equal_pct']:.1f}"
+                div = (
+                    "—"
+                    if tm["first_divergence"] is None
+                    else str(tm["first_divergence"])
+                )
             out.append(
                 [
                     case,
@@ -116,7 +257,7 @@ def rows(results: dict) -> List[List[str]]:
                     f"{sp['tau']:.2f}",
                     f"{sp['acceptance_rate']:.3f}",
                     f"{sp['draft_share']:.3f}",
-                    f"{tm['equal_pct']:.1f}",
+                    match,
                     div,
                     f"{a['peak_memory_gb']:.2f}",
                     f"{p.get('t_ar_ms', float('nan')):.1f}",
@@ -155,11 +296,21 @@ HEADER = [
 ]
 
 
+def _md_row(cells: List[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
 def markdown(results: dict, command: str) -> str:
     cfg, env = results["settings"], results["environment"]
     lines = [f"# {results['title']}", "", "Command:", "", "```", command, "```", ""]
-    lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows(results)]
+    by_t = results.get("by_temperature") or by_temperature(results)
+    if len({r["temperature"] for r in by_t}) > 1 or any(r["temperature"] for r in by_t):
+        lines += ["## By temperature (pooled over cases and repeats)", ""]
+        lines += [_md_row(BY_TEMP_HEADER), "|" + "---|" * len(BY_TEMP_HEADER)]
+        lines += [_md_row(r) for r in by_temperature_rows(by_t)]
+        lines += ["", "## Per case", ""]
+    lines += [_md_row(HEADER), "|" + "---|" * len(HEADER)]
+    lines += [_md_row(r) for r in rows(results)]
     lines += [
         "",
         NOTES,
@@ -170,8 +321,9 @@ def markdown(results: dict, command: str) -> str:
     for c in results["cases"]:
         for name, a in c["arms"].items():
             pp = a["spec"]["per_position_acceptance"]
+            t = f" T={_temp(c):g}" if "sampling" in c else ""
             lines.append(
-                f"- {c['suite']}/{c['name']} {name}: "
+                f"- {c['suite']}/{c['name']}{t} {name}: "
                 + " ".join(f"{p:.2f}" for p in pp)
             )
     lines += ["", "## Settings", "", "```json", json.dumps(cfg, indent=1), "```"]
@@ -200,7 +352,8 @@ def plot(results: dict, path: Path) -> None:
     labels, sp, lo, hi, taus = [], [], [], [], []
     for c in results["cases"]:
         for name, a in c["arms"].items():
-            labels.append(f"{c['suite']}/{c['name']}\n{name}")
+            t = f" T={_temp(c):g}" if "sampling" in c else ""
+            labels.append(f"{c['suite']}/{c['name']}{t}\n{name}")
             s = a["speedup"]
             sp.append(s["median"])
             lo.append(s["median"] - s["min"])
@@ -216,7 +369,7 @@ def plot(results: dict, path: Path) -> None:
                 (c["max_tokens"], a["decode_tps"]["median"])
             )
 
-    fig, axes = plt.subplots(1, 3, figsize=(max(12, 1.2 * len(labels) + 8), 4.5))
+    fig, axes = plt.subplots(1, 4, figsize=(max(16, 1.2 * len(labels) + 12), 4.5))
     x = range(len(labels))
     axes[0].bar(x, sp, yerr=[lo, hi], capsize=3, color="tab:blue")
     axes[0].axhline(1.0, color="gray", lw=0.8)
@@ -238,6 +391,21 @@ def plot(results: dict, path: Path) -> None:
     axes[2].set_ylabel("decode tok/s (mean over cases)")
     axes[2].set_title("tok/s against generated length")
     axes[2].legend(fontsize=7)
+    by_t = results.get("by_temperature") or by_temperature(results)
+    for name in dict.fromkeys(r["decoder"] for r in by_t if "tau" in r):
+        pts = [r for r in by_t if r["decoder"] == name]
+        ts = [r["temperature"] for r in pts]
+        tau = [r["tau"] for r in pts]
+        # Pooled τ is a weighted mean of the runs' τ, so it lies inside their range.
+        err = [
+            [max(t - r["tau_per_run"]["min"], 0) for t, r in zip(tau, pts)],
+            [max(r["tau_per_run"]["max"] - t, 0) for t, r in zip(tau, pts)],
+        ]
+        axes[3].errorbar(ts, tau, yerr=err, marker="o", capsize=3, label=name)
+    axes[3].set_xlabel("temperature")
+    axes[3].set_ylabel("τ (pooled; bars: per-run min–max)")
+    axes[3].set_title("τ against temperature")
+    axes[3].legend(fontsize=7)
     fig.suptitle(results["title"], fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -249,6 +417,7 @@ def write(results: dict, stem: Path, command: str, *, png: bool = True) -> List[
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     results = dict(results, command=command)
+    results.setdefault("by_temperature", by_temperature(results))
     paths = [stem.with_suffix(".json"), stem.with_suffix(".md")]
     paths[0].write_text(json.dumps(results, indent=1))
     md = markdown(results, command)

@@ -1,25 +1,30 @@
 """Run stock mlx_lm and speculative decoding on the same prompt ids, alternating.
 
-One `Case` is one prompt at one generation length. For it we run:
-  - the baseline: `mlx_lm.generate.generate_step` (stock, greedy, EOS off);
+One `Case` is one prompt at one generation length and one temperature. For
+it we run:
+  - the baseline: `mlx_lm.generate.generate_step` (stock, EOS off; greedy, or
+    at a temperature with `mlx_lm.sample_utils.make_sampler`);
   - one arm per drafter setting (e.g. engine mode at tau = 4, 6.5, 9);
   - a profile of the cycle's parts (warm verify / draft forwards, and the
     first call at a new key length, which shows JIT compiles on CUDA).
 Warm-up runs come first and are never timed; then `repeats` rounds whose arm
-order alternates (stats.run_order), with a cooldown between runs.
+order alternates (stats.run_order), with a cooldown between runs. With a
+temperature, repeat r seeds both sides with `seed + r`: `mx.random.seed` for
+stock mlx_lm, `SamplingParams.seed` for ours.
 """
 
-import copy
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import mlx.core as mx
 from mlx_lm.generate import generate_step as mlx_generate_step
 from mlx_lm.models.cache import ArraysCache
+from mlx_lm.sample_utils import make_sampler
 
 from ..decode import SpecStats, generate_step, prefill
 from ..rollback import rollback, snapshot
+from ..sampling import SamplingParams
 from ..target import Target
 from .stats import ideal_speedup, run_order, summarize, token_match
 
@@ -32,6 +37,7 @@ class Case:
     name: str
     prompt: List[int]
     max_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
 
 
 @dataclass
@@ -58,6 +64,7 @@ class RunResult:
     decode_s: float
     peak_memory_gb: float
     stats: Optional[dict] = None
+    spec: Optional[SpecStats] = None
 
     @property
     def decode_tps(self) -> float:
@@ -83,13 +90,27 @@ def _fresh():
 
 
 def run_baseline(
-    target: Target, prompt: Sequence[int], max_tokens: int, prefill_step: int
+    target: Target,
+    prompt: Sequence[int],
+    max_tokens: int,
+    prefill_step: int,
+    sampling: Optional[SamplingParams] = None,
 ):
     _fresh()
+    sampler = None
+    if sampling is not None and not sampling.greedy:
+        sampler = make_sampler(
+            sampling.temperature,
+            top_p=sampling.top_p,
+            min_p=sampling.min_p,
+            top_k=sampling.top_k,
+        )
+        mx.random.seed(sampling.seed or 0)
     gen = mlx_generate_step(
         mx.array(prompt),
         target.model,
         max_tokens=max_tokens,
+        sampler=sampler,
         prefill_step_size=prefill_step,
     )
     tokens, ttft, dec = _timed((t for t, _ in gen), max_tokens)
@@ -103,6 +124,7 @@ def run_spec(
     max_tokens: int,
     block: int,
     prefill_step: int,
+    sampling: Optional[SamplingParams] = None,
 ):
     _fresh()
     stats = SpecStats(block)
@@ -113,12 +135,42 @@ def run_spec(
         max_tokens=max_tokens,
         block_size=block,
         prefill_step_size=prefill_step,
+        sampling=sampling,
         stats=stats,
     )
     tokens, ttft, dec = _timed((t for t, _ in gen), max_tokens)
     d = stats.as_dict()
     d["tau_decode"] = d["tau"]
-    return RunResult(tokens, ttft, dec, mx.get_peak_memory() / 1e9, d)
+    return RunResult(tokens, ttft, dec, mx.get_peak_memory() / 1e9, d, stats)
+
+
+def pool_stats(stats: Sequence[SpecStats]) -> dict:
+    """Speculative statistics summed over runs (counts first, then the ratios).
+
+    Sampled runs differ per repeat, so τ is pooled over all timed runs rather
+    than taken from one; greedy runs are identical and pool to any one of them.
+    """
+    pooled = SpecStats(stats[0].block_size)
+    for st in stats:
+        pooled.cycles += st.cycles
+        pooled.drafted += st.drafted
+        pooled.accepted += st.accepted
+        pooled.emitted += st.emitted
+        pooled.plain_tokens += st.plain_tokens
+        pooled.plain_seconds += st.plain_seconds
+        pooled.spec_seconds += st.spec_seconds
+        pooled.fallbacks += st.fallbacks
+        for i, (a, d) in enumerate(zip(st.accepted_at, st.drafted_at)):
+            pooled.accepted_at[i] += a
+            pooled.drafted_at[i] += d
+    out = pooled.as_dict()
+    out.update(
+        runs=len(stats),
+        emitted=pooled.emitted,
+        accepted_at=list(pooled.accepted_at),
+        drafted_at=list(pooled.drafted_at),
+    )
+    return out
 
 
 # ---- profile of the cycle's parts ------------------------------------------------
@@ -239,9 +291,16 @@ def run_case(
     """Warm up, profile, calibrate, then time `repeats` alternating rounds."""
     note = on_run or (lambda _: None)
     N = case.max_tokens
+    sampled = not case.sampling.greedy
+    seed = case.sampling.seed or 0
 
-    # Warm-up, untimed: also gives the reference output.
-    run_baseline(target, case.prompt, min(N, 8), prefill_step)
+    def params(r: int) -> Optional[SamplingParams]:
+        # Repeat r of either side draws from seed + r.
+        return replace(case.sampling, seed=seed + r) if sampled else None
+
+    # Warm-up, untimed (with the sampler, so its compile is not timed); the
+    # greedy run also gives the reference output for oracle-based drafters.
+    run_baseline(target, case.prompt, min(N, 8), prefill_step, params(0))
     ref = run_baseline(target, case.prompt, N, prefill_step).tokens
     note("warm-up")
 
@@ -258,22 +317,32 @@ def run_case(
 
     # The first spec run of an arm meets every key length for the first time
     # (on CUDA: JIT compiles); it is kept as the "cold" run, never in medians.
+    # Calibration replays the engine's own greedy output, so it is greedy-only.
     references, calibration = {}, {}
     for arm in arms:
         out = ref
         passes, cold = 0, None
-        for passes in range(1, (4 if arm.calibrate else 1) + 1):
+        calibrate = arm.calibrate and not sampled
+        for passes in range(1, (4 if calibrate else 1) + 1):
             drafter = arm.make(list(case.prompt) + out)
-            r = run_spec(target, case.prompt, drafter, N, arm.block_size, prefill_step)
+            r = run_spec(
+                target,
+                case.prompt,
+                drafter,
+                N,
+                arm.block_size,
+                prefill_step,
+                params(0),
+            )
             cold = cold or r
             got = r.tokens
-            if got == out or not arm.calibrate:
+            if got == out or not calibrate:
                 break
             out = got
-        references[arm.name] = list(case.prompt) + out
+        references[arm.name] = list(case.prompt) + (ref if sampled else out)
         calibration[arm.name] = {
             "passes": passes,
-            "self_consistent": got == out,
+            "self_consistent": None if sampled else got == out,
             "cold_decode_tps": cold.decode_tps,
             "cold_ttft_s": cold.ttft_s,
         }
@@ -282,17 +351,23 @@ def run_case(
     runs: Dict[str, List[RunResult]] = {BASELINE: []}
     runs.update({a.name: [] for a in arms})
     by_name = {a.name: a for a in arms}
-    for order in run_order(repeats, [BASELINE] + [a.name for a in arms]):
+    for r, order in enumerate(run_order(repeats, [BASELINE] + [a.name for a in arms])):
         for name in order:
             if name == BASELINE:
-                r = run_baseline(target, case.prompt, N, prefill_step)
+                res = run_baseline(target, case.prompt, N, prefill_step, params(r))
             else:
                 arm = by_name[name]
                 drafter = arm.make(references[name])
-                r = run_spec(
-                    target, case.prompt, drafter, N, arm.block_size, prefill_step
+                res = run_spec(
+                    target,
+                    case.prompt,
+                    drafter,
+                    N,
+                    arm.block_size,
+                    prefill_step,
+                    params(r),
                 )
-            runs[name].append(r)
+            runs[name].append(res)
             note(name)
             if cooldown > 0:
                 time.sleep(cooldown)
@@ -303,13 +378,18 @@ def run_case(
 def summarize_case(case: Case, arms, runs, profiles, calibration) -> dict:
     base = runs[BASELINE]
     base_tokens = base[0].tokens
+    sampled = not case.sampling.greedy
     result = {
         "suite": case.suite,
         "name": case.name,
         "prompt_tokens": len(case.prompt),
         "max_tokens": case.max_tokens,
+        "sampling": asdict(case.sampling),
         "baseline": _arm_summary(base),
-        "baseline_deterministic": all(r.tokens == base_tokens for r in base),
+        # Sampled repeats draw from different seeds: not meant to agree.
+        "baseline_deterministic": (
+            None if sampled else all(r.tokens == base_tokens for r in base)
+        ),
         "arms": {},
     }
     t_ar_ms = 1e3 / result["baseline"]["decode_tps"]["median"]
@@ -321,10 +401,13 @@ def summarize_case(case: Case, arms, runs, profiles, calibration) -> dict:
             [r.decode_tps / b.decode_tps for r, b in zip(rs, base)]
         )
         s["ttft_ratio"] = summarize([r.ttft_s / b.ttft_s for r, b in zip(rs, base)])
-        s["spec"] = rs[-1].stats
+        s["spec"] = pool_stats([r.spec for r in rs])
+        s["tau_per_run"] = summarize([round(r.spec.tau, 4) for r in rs])
         s["tau_target"] = arm.tau_target
         s["block_size"] = arm.block_size
-        s["token_match"] = token_match(base_tokens, rs[-1].tokens)
+        # At a temperature the two sides draw different (equally valid)
+        # samples, so token agreement says nothing: None, shown as n/a.
+        s["token_match"] = None if sampled else token_match(base_tokens, rs[-1].tokens)
         s["calibration"] = cal = calibration.get(arm.name)
         if cal:
             s["cold_speedup"] = (
@@ -333,7 +416,7 @@ def summarize_case(case: Case, arms, runs, profiles, calibration) -> dict:
         prof = profiles.get(arm.name)
         if prof:
             tau = s["spec"]["tau"]
-            cycles = max(s["spec"]["cycles"], 1)
+            cycles = max(s["spec"]["cycles"] / len(rs), 1)
             # Cycles after the first token = decode cycles; the decode window
             # holds exactly those.
             t_cycle = 1e3 * summarize([r.decode_s for r in rs])["median"] / cycles
@@ -358,6 +441,7 @@ def _arm_summary(rs: List[RunResult]) -> dict:
                 "decode_tps": r.decode_tps,
                 "ttft_s": r.ttft_s,
                 "peak_memory_gb": r.peak_memory_gb,
+                **({"tau": round(r.spec.tau, 4)} if r.spec else {}),
             }
             for r in rs
         ],
