@@ -402,3 +402,35 @@ def test_cli_temperatures_end_to_end(tmp_path, capsys):
     assert {r["temperature"] for r in res["by_temperature"]} == {0.0, 1.0}
     head = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert [h["temp"] for h in head] == [0.0, 1.0]
+
+
+def test_cli_quantized_drafts_and_fallback(tmp_path):
+    """`DIR@q8`/`DIR@q4` arms quantize the checkpoint; `--fallback` keeps outputs exact."""
+    from mlx_dflash.draft import DFlashDraft, DraftArgs, save_draft
+
+    mx.random.seed(0)
+    draft = DFlashDraft(
+        DraftArgs(
+            hidden_size=128, intermediate_size=128, num_hidden_layers=1,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+            rms_norm_eps=1e-6, vocab_size=1024, target_layer_ids=[1, 2],
+            mask_token_id=1000,
+        )
+    )
+    d = str(tmp_path / "draft")
+    save_draft(draft, d)
+    cli.main(
+        [
+            "--shape", "tiny-qwen3", "--dtype", "float32",
+            "--draft", f"{d},{d}@q8,{d}@q4", "--fallback",
+            "--suites", "code", "--prompts-per-suite", "1", "--max-tokens", "24",
+            "--repeats", "1", "--cooldown", "0", "--no-profile", "--no-png",
+            "--out", str(tmp_path / "q"),
+        ]
+    )
+    res = json.loads((tmp_path / "q.json").read_text())
+    arms = res["cases"][0]["arms"]
+    names = [a for a in arms if a.startswith("draft")]
+    assert names == ["draft", "draft@q8", "draft@q4"]
+    for name in names:
+        assert arms[name]["token_match"]["equal_pct"] == 100.0

@@ -16,6 +16,7 @@ from typing import List
 
 import mlx.core as mx
 
+from ..decode import Fallback
 from ..drafters import DFlashDrafter, PromptLookupDrafter
 from ..sampling import SamplingParams
 from ..target import Target
@@ -52,7 +53,14 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         type=_names,
         default=["engine"],
         help="comma list of: engine (real-size random DFlash forward + oracle tokens at --tau), "
-        "lookup (prompt lookup), or a DFlash checkpoint directory",
+        "lookup (prompt lookup), or a DFlash checkpoint directory; append @q8 or @q4 "
+        "to a checkpoint to quantize its Linear layers (e.g. DIR,DIR@q8,DIR@q4)",
+    )
+    p.add_argument(
+        "--fallback",
+        action="store_true",
+        help="run speculative arms with the acceptance-collapse fallback, as "
+        "`generate` and `serve` do (default: speculate every cycle, measuring the drafter)",
     )
     p.add_argument(
         "--tau",
@@ -201,7 +209,10 @@ def make_arms(args, target, vocab, make_draft):
             from ..load import make_drafter
 
             dtype = getattr(mx, args.dtype) if args.dtype else None
-            drafter, native = make_drafter(spec, target, dtype=dtype)
+            path, _, q = spec.partition("@q")
+            drafter, native = make_drafter(
+                path, target, dtype=dtype, quantize=int(q) if q else None
+            )
             block = native or args.block_size
             if isinstance(drafter, DFlashDrafter):
                 # Fresh drafter state around the weights loaded once.
@@ -209,7 +220,10 @@ def make_arms(args, target, vocab, make_draft):
             else:
                 make = lambda ref, spec=spec: make_drafter(spec, target)[0]
 
-            arms.append(Arm(Path(spec).name, make, block))
+            arms.append(Arm(Path(path).name + (f"@q{q}" if q else ""), make, block))
+    if args.fallback:
+        for arm in arms:
+            arm.fallback = Fallback()
     return arms
 
 

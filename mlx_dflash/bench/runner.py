@@ -22,7 +22,7 @@ from mlx_lm.generate import generate_step as mlx_generate_step
 from mlx_lm.models.cache import ArraysCache
 from mlx_lm.sample_utils import make_sampler
 
-from ..decode import SpecStats, generate_step, prefill
+from ..decode import Fallback, SpecStats, generate_step, prefill
 from ..rollback import rollback, snapshot
 from ..sampling import SamplingParams
 from ..target import Target
@@ -55,6 +55,7 @@ class Arm:
     block_size: int = 16
     tau_target: Optional[float] = None
     calibrate: bool = False
+    fallback: Optional[Fallback] = None  # plain decoding while speculation loses
 
 
 @dataclass
@@ -125,6 +126,7 @@ def run_spec(
     block: int,
     prefill_step: int,
     sampling: Optional[SamplingParams] = None,
+    fallback: Optional[Fallback] = None,
 ):
     _fresh()
     stats = SpecStats(block)
@@ -136,6 +138,7 @@ def run_spec(
         block_size=block,
         prefill_step_size=prefill_step,
         sampling=sampling,
+        fallback=fallback,
         stats=stats,
     )
     tokens, ttft, dec = _timed((t for t, _ in gen), max_tokens)
@@ -333,6 +336,7 @@ def run_case(
                 arm.block_size,
                 prefill_step,
                 params(0),
+                arm.fallback,
             )
             cold = cold or r
             got = r.tokens
@@ -366,6 +370,7 @@ def run_case(
                     arm.block_size,
                     prefill_step,
                     params(r),
+                    arm.fallback,
                 )
             runs[name].append(res)
             note(name)
