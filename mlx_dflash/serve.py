@@ -1,40 +1,16 @@
 """`mlx-dflash serve`: an OpenAI- and Anthropic-compatible HTTP server."""
 
 import argparse
-import json
 import logging
 from pathlib import Path
 
 import mlx.core as mx
 
+from .load import add_engine_args
+
 
 def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument(
-        "--model",
-        default=None,
-        help="target: HF repo id, mlx_lm directory or .gguf file "
-        "(default: the SmolLM2-135M-Instruct GGUF, see gguf.py)",
-    )
-    parser.add_argument(
-        "--draft",
-        default=None,
-        help="DFlash checkpoint directory or Hugging Face repo, 'lookup' (prompt "
-        "lookup) or 'none' (plain decoding); default: the shipped drafter for the "
-        "default model, with --model the published drafter for it (registry.py)",
-    )
-    parser.add_argument(
-        "--draft-quantize",
-        type=int,
-        choices=[4, 8],
-        default=None,
-        help="quantize the DFlash drafter's Linear layers to 4 or 8 bits",
-    )
-    parser.add_argument(
-        "--block-size",
-        type=int,
-        default=None,
-        help="verify block size (default: the drafter's, 16 for lookup)",
-    )
+    add_engine_args(parser)
     parser.add_argument(
         "--host", default="127.0.0.1", help="bind address (default loopback only)"
     )
@@ -43,12 +19,6 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--served-model-name",
         default=None,
         help="model id reported by /v1/models (default: the --model name)",
-    )
-    parser.add_argument(
-        "--chat-template-args",
-        type=json.loads,
-        default={},
-        help="JSON object for the chat template, e.g. '{\"enable_thinking\": false}'",
     )
     parser.add_argument(
         "--api-key",
@@ -81,16 +51,6 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="reject longer prompts (default: the model's max positions)",
-    )
-    parser.add_argument("--prefill-step-size", type=int, default=2048)
-    parser.add_argument(
-        "--dtype", choices=["float32", "float16", "bfloat16"], default=None
-    )
-    parser.add_argument(
-        "--no-fallback",
-        action="store_true",
-        help="always speculate, even while acceptance is below break-even "
-        "(default: decode plainly for a while and re-probe)",
     )
     parser.add_argument(
         "--max-memory-gb",
