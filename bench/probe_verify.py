@@ -4,7 +4,7 @@ Times, at a fixed context length, (a) stock mlx_lm: one token with a plain cache
 (b) our Target: a 16-token verify with its cache (bucketed KV, fused GatedDeltaNet
 on CUDA) followed by a rollback that keeps 7 positions. Random bf16 weights.
 
-    python bench/probe_verify.py qwen3_8b|qwen3_5_9b [--layers N] [--context 1024]
+    python bench/probe_verify.py qwen3_8b|qwen3_5_9b [--context 1024]
 """
 
 import argparse
@@ -13,65 +13,14 @@ import time
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
-from mlx_lm.utils import _get_classes
 
+from mlx_dflash.bench.shapes import PRESETS, build_target
 from mlx_dflash.rollback import rollback, snapshot
 from mlx_dflash.target import Target
 
-SHAPES = {
-    "qwen3_8b": dict(
-        model_type="qwen3",
-        hidden_size=4096,
-        num_hidden_layers=36,
-        intermediate_size=12288,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        rms_norm_eps=1e-6,
-        vocab_size=151936,
-        max_position_embeddings=40960,
-        rope_theta=1e6,
-        tie_word_embeddings=False,
-    ),
-    "qwen3_5_9b": dict(
-        model_type="qwen3_5",
-        text_config=dict(
-            model_type="qwen3_5_text",
-            hidden_size=4096,
-            num_hidden_layers=32,
-            intermediate_size=12288,
-            num_attention_heads=16,
-            num_key_value_heads=4,
-            head_dim=256,
-            rms_norm_eps=1e-6,
-            vocab_size=248320,
-            max_position_embeddings=262144,
-            linear_num_value_heads=32,
-            linear_num_key_heads=16,
-            linear_key_head_dim=128,
-            linear_value_head_dim=128,
-            linear_conv_kernel_dim=4,
-            full_attention_interval=4,
-            tie_word_embeddings=False,
-            rope_parameters=dict(
-                type="default", rope_theta=1e7, partial_rotary_factor=0.25
-            ),
-        ),
-    ),
-}
-
-
-def build(name, layers):
-    cfg = json.loads(json.dumps(SHAPES[name]))
-    (cfg.get("text_config") or cfg)["num_hidden_layers"] = (
-        layers or (cfg.get("text_config") or cfg)["num_hidden_layers"]
-    )
-    model_cls, args_cls = _get_classes(cfg)
-    model = model_cls(args_cls.from_dict(cfg))
-    model.set_dtype(mx.bfloat16)
-    model.eval()  # as mlx_lm.load does: inference kernels, not the training path
-    mx.eval(model.parameters())
-    return model
+# The bench's shape presets (random bf16 weights, inference mode), under the
+# names used in bench/results/speed.md, plus every preset by its own name.
+SHAPES = {"qwen3_8b": "qwen3-8b", "qwen3_5_9b": "qwen3.5-9b", **{k: k for k in PRESETS}}
 
 
 def timed(fn, reps):
@@ -87,11 +36,10 @@ def timed(fn, reps):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("shape", choices=list(SHAPES))
-    p.add_argument("--layers", type=int, default=None)
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--reps", type=int, default=20)
     args = p.parse_args()
-    model = build(args.shape, args.layers)
+    model = build_target(SHAPES[args.shape])
     prompt = mx.random.randint(0, 1000, (1, args.context))
 
     # (a) stock: one decode step at this context length.
@@ -134,7 +82,6 @@ def main():
         json.dumps(
             {
                 "shape": args.shape,
-                "layers": args.layers,
                 "context": args.context,
                 "ar_step_ms": round(ar_ms, 3),
                 "verify16_plus_rollback_ms": round(verify_ms, 3),
