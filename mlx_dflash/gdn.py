@@ -60,25 +60,33 @@ _SOURCE = """
     }
     out = warp_sum(out);
     if (lane == 0) y[vy] = static_cast<InT>(out);
+    STEP_STATES
   }
   float* s_out = state_out + ((size_t)n * Dv + dv) * Dk + k0;
   for (int i = 0; i < PER; ++i) s_out[i] = s[i];
 """
 
-_kernel = None
+# The verify variant also writes the state after every step, so rollback is a
+# slice instead of a replay of the kept steps (DESIGN §3): (T, B*Hv, Dv, Dk).
+_STEP_STATES = """{
+    float* s_t = states + (((size_t)t * gridDim.z + n) * Dv + dv) * Dk + k0;
+    for (int i = 0; i < PER; ++i) s_t[i] = s[i];
+  }"""
+
+_kernels = {}
 
 
-def _cuda_kernel():
-    global _kernel
-    if _kernel is None:
-        _kernel = mx.fast.cuda_kernel(
-            name="dflash_gated_delta",
+def _cuda_kernel(step_states: bool):
+    if step_states not in _kernels:
+        outputs = ["y", "state_out"] + (["states"] if step_states else [])
+        _kernels[step_states] = mx.fast.cuda_kernel(
+            name="dflash_gated_delta" + ("_steps" if step_states else ""),
             input_names=["q", "k", "v", "g", "beta", "state_in"],
-            output_names=["y", "state_out"],
-            source=_SOURCE,
+            output_names=outputs,
+            source=_SOURCE.replace("STEP_STATES", _STEP_STATES if step_states else ""),
             header=_HEADER,
         )
-    return _kernel
+    return _kernels[step_states]
 
 
 def cuda_applies(q: mx.array, v: mx.array, state: mx.array, mask) -> bool:
@@ -92,17 +100,24 @@ def cuda_applies(q: mx.array, v: mx.array, state: mx.array, mask) -> bool:
     )
 
 
-def gated_delta_cuda(q, k, v, g, beta, state):
-    """Scalar-gated delta rule over all T steps in one launch; returns (y, state)."""
+def gated_delta_cuda(q, k, v, g, beta, state, step_states: bool = False):
+    """Scalar-gated delta rule over all T steps in one launch.
+
+    Returns (y, state), plus the state after each step, shape (T, *state.shape),
+    when `step_states`.
+    """
     B, T, Hk, Dk = q.shape
     Hv, Dv = v.shape[-2:]
-    return _cuda_kernel()(
+    shapes = [(B, T, Hv, Dv), state.shape] + (
+        [(T, *state.shape)] if step_states else []
+    )
+    return _cuda_kernel(step_states)(
         inputs=[q, k, v, g, beta, state],
         template=[("InT", q.dtype), ("Hk", Hk), ("Hv", Hv), ("Dk", Dk), ("Dv", Dv)],
         grid=(32, Dv, B * Hv),
         threadgroup=(32, 4, 1),
-        output_shapes=[(B, T, Hv, Dv), state.shape],
-        output_dtypes=[q.dtype, mx.float32],
+        output_shapes=shapes,
+        output_dtypes=[q.dtype] + [mx.float32] * (len(shapes) - 1),
     )
 
 
@@ -136,6 +151,21 @@ def recurrence_inputs(layer: GatedDeltaNet, conv_out: mx.array):
     ]
     q, k = normalize_qk(q, k, inv_scale=layer.head_k_dim**-0.5, eps=1e-6)
     return q, k, v
+
+
+# Verify blocks keep every step's state for rollback; longer forwards (prefill
+# chunks) keep only the final one.
+MAX_STEP_STATES = 64
+
+
+class StepStates:
+    """Plain holder (never a module parameter) of the per-step states of a
+    layer's last verify forward; `Target` gives one to each layer on CUDA."""
+
+    __slots__ = ("states",)
+
+    def __init__(self):
+        self.states = None
 
 
 class FastGatedDeltaNet(GatedDeltaNet):
@@ -173,18 +203,33 @@ class FastGatedDeltaNet(GatedDeltaNet):
 
         q, k, v = recurrence_inputs(self, conv_out)
         state = cache[1] if cache else None
-        out, state = gated_delta(
-            q,
-            k,
-            v,
-            a,
-            b,
-            self.A_log,
-            self.dt_bias,
-            state,
-            mask,
-            use_kernel=not self.training,
-        )
+        steps = getattr(self, "step_states", None)
+        if steps is not None:
+            steps.states = None
+        if (
+            steps is not None
+            and state is not None
+            and 1 < S <= MAX_STEP_STATES
+            and not self.training
+            and cuda_applies(q, v, state, mask)
+        ):
+            g, beta = compute_g(self.A_log, a, self.dt_bias), mx.sigmoid(b)
+            out, state, steps.states = gated_delta_cuda(
+                q, k, v, g, beta, state, step_states=True
+            )
+        else:
+            out, state = gated_delta(
+                q,
+                k,
+                v,
+                a,
+                b,
+                self.A_log,
+                self.dt_bias,
+                state,
+                mask,
+                use_kernel=not self.training,
+            )
         if cache is not None:
             cache[1] = state
             cache.advance(S)

@@ -42,17 +42,25 @@ def rollback(
         return
     for i, c in enumerate(cache):
         if i in delta_taps:
-            _replay_delta(delta_taps[i], c, saved[i], kept)
+            _replay_delta(delta_taps[i], c, saved[i], kept, verified)
         else:
             assert c.is_trimmable(), f"cache {i} ({type(c).__name__}) cannot trim"
             c.trim(drop)
 
 
-def _replay_delta(taps: DeltaTaps, c, state0: mx.array, n: int):
+def _replay_delta(taps: DeltaTaps, c, state0: mx.array, n: int, verified: int):
     la = taps.layer
     conv_in = taps.conv._capture.inputs  # [old conv state ; verify inputs]
     k1 = la.conv_kernel_size - 1
     c[0] = mx.contiguous(conv_in[:, n : n + k1])
+
+    # The CUDA verify kernel kept the state after every step: pick, no replay.
+    steps = getattr(la, "step_states", None)
+    if steps is not None and steps.states is not None:
+        if steps.states.shape[0] == verified:
+            c[1] = steps.states[n - 1]
+            steps.states = None
+            return
 
     q, k, v = recurrence_inputs(la, nn.silu(taps.conv._capture.outputs[:, :n]))
     a = taps.a._capture.outputs[:, :n]

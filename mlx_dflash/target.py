@@ -13,28 +13,34 @@ import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
 
 from .cache import BucketKVCache
-from .gdn import FastGatedDeltaNet, GatedDeltaNet
+from .gdn import FastGatedDeltaNet, GatedDeltaNet, StepStates
 
 
 class Capture:
     """Plain holder so captured arrays never become module parameters."""
 
-    __slots__ = ("on", "inputs", "outputs")
+    __slots__ = ("on", "flush", "inputs", "outputs")
 
     def __init__(self):
         self.on = False
+        self.flush = False
         self.inputs = None
         self.outputs = None
 
 
 class Tap(nn.Module):
-    """Wraps one module instance and records its first input and its output."""
+    """Wraps one module instance and records its first input and its output.
+
+    A tap with `flush` set also starts evaluating the output while the forward
+    is still being built (see `Target.forward(flush=True)`).
+    """
 
     def __init__(self, inner: nn.Module, keep_input: bool = False):
         super().__init__()
         self.inner = inner
         self._capture = Capture()
         self._keep_input = keep_input
+        self._flush = False
 
     def __getattr__(self, key):
         # The model loop reads attributes such as `is_linear` off its layers.
@@ -50,6 +56,8 @@ class Tap(nn.Module):
         if c.on:
             c.inputs = args[0] if self._keep_input else None
             c.outputs = out
+        if self._flush and c.flush:
+            mx.async_eval(out)
         return out
 
 
@@ -80,9 +88,19 @@ class Target:
         model: a model from `mlx_lm.load` (or built from its `ModelArgs`).
         capture_layers: ids of the layers whose outputs the drafter reads
           (DFlash `target_layer_ids`); empty for drafters that need none.
+        flush_every: with `forward(flush=True)`, start evaluating every n-th
+          layer's output while the rest of the graph is still being built.
+          Default: 4 on CUDA, where building and launching a verify graph
+          costs about as long as running it (bench/results/speed.md); off
+          elsewhere.
     """
 
-    def __init__(self, model: nn.Module, capture_layers: Sequence[int] = ()):
+    def __init__(
+        self,
+        model: nn.Module,
+        capture_layers: Sequence[int] = (),
+        flush_every: Optional[int] = None,
+    ):
         self.model = model
         # Qwen3.5 / VLM-style checkpoints nest the text model one level down.
         self.lm = model["language_model"] if "language_model" in model else model
@@ -103,9 +121,23 @@ class Target:
             )
         self.kinds = [self._kind(_unwrap(l)) for l in self.layers]
         self.delta_taps: dict = {}
+        self._fast_delta: List[nn.Module] = []
         self._layer_taps: List[Tap] = []
         self.set_capture_layers(capture_layers)
         self._install_delta_taps()
+        if flush_every is None:
+            flush_every = 4 if mx.cuda.is_available() else 0
+        self._flush_taps = []
+        every = (
+            list(range(flush_every - 1, self.num_layers, flush_every))
+            if flush_every > 0
+            else []
+        )
+        for i in every:
+            if not isinstance(self.layers[i], Tap):
+                self.layers[i] = Tap(self.layers[i])
+            self.layers[i]._flush = True
+            self._flush_taps.append(self.layers[i])
 
     # ---- structure -------------------------------------------------------------
 
@@ -137,9 +169,12 @@ class Target:
             if kind.mixer != "gated_delta":
                 continue
             la = _unwrap(self.layers[i]).linear_attn
-            # Per instance: one fused launch per verify block on CUDA (gdn.py).
+            # One fused launch per verify block on CUDA (gdn.py); swapped in
+            # only for the duration of `forward`, so the instance stays stock
+            # for everyone else (e.g. the bench's mlx_lm baseline).
             if mx.cuda.is_available() and type(la) is GatedDeltaNet:
-                la.__class__ = FastGatedDeltaNet
+                self._fast_delta.append(la)
+                la.step_states = StepStates()
             for name in ("conv1d", "in_proj_a", "in_proj_b"):
                 if not isinstance(la[name], Tap):
                     la[name] = Tap(la[name], keep_input=(name == "conv1d"))
@@ -171,23 +206,40 @@ class Target:
 
     # ---- forward ---------------------------------------------------------------
 
-    def forward(self, tokens: mx.array, cache: List[Any], *, last_only: bool = False):
+    def forward(
+        self,
+        tokens: mx.array,
+        cache: List[Any],
+        *,
+        last_only: bool = False,
+        flush: bool = False,
+    ):
         """Run the stock model on `tokens` (shape (1, S)) with `cache`.
 
         Returns `(logits, features)`: logits for every row, or only the last
         row when `last_only`; features are the captured layer outputs
         concatenated on the last axis (None when nothing is captured).
+        `flush` lets the device start on the first layers while Python builds
+        the rest (never inside `mx.compile` / `mx.grad`, which cannot eval).
         """
         taps = self._layer_taps + [
             t for d in self.delta_taps.values() for t in (d.conv, d.a, d.b)
         ]
         for t in taps:
             t._capture.on = True
+        for t in self._flush_taps:
+            t._capture.flush = flush
+        for la in self._fast_delta:
+            la.__class__ = FastGatedDeltaNet
         try:
             h = self.backbone(tokens, cache)
         finally:
             for t in taps:
                 t._capture.on = False
+            for t in self._flush_taps:
+                t._capture.flush = False
+            for la in self._fast_delta:
+                la.__class__ = GatedDeltaNet
         if last_only:
             h = h[:, -1:]
         logits = self.head(h)

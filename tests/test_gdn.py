@@ -63,3 +63,21 @@ def test_gated_delta_falls_back_off_cuda():
     A_log, dt_bias = mx.zeros((4,)), mx.ones((4,))
     y, s = gated_delta(q, k, v, a, b, A_log, dt_bias, state)
     assert y.shape == (1, 5, 4, 16) and s.shape == state.shape
+
+
+@on_cuda
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
+def test_cuda_step_states_are_the_states_of_shorter_runs(dtype):
+    """The verify variant's state after step t is bit-equal to running t+1 steps."""
+    T = 16
+    q, k, v, g, beta, state = random_inputs(T, 2, 4, 64, 32, dtype)
+    y, final, states = gated_delta_cuda(q, k, v, g, beta, state, step_states=True)
+    assert states.shape == (T, *state.shape)
+    y_plain, final_plain = gated_delta_cuda(q, k, v, g, beta, state)
+    assert mx.array_equal(y, y_plain) and mx.array_equal(final, final_plain)
+    for t in (0, 3, 6, T - 1):
+        sl = slice(0, t + 1)
+        _, s_t = gated_delta_cuda(
+            q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], state
+        )
+        assert mx.array_equal(states[t], s_t)

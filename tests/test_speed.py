@@ -1,0 +1,77 @@
+"""The GPU speed paths change timing only: pipelined forwards and kernel-kept states."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from models import tiny_model
+
+from mlx_dflash.bench.shapes import build_target
+from mlx_dflash.rollback import rollback, snapshot
+from mlx_dflash.target import Target
+
+PROMPT = mx.array([[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]])
+BLOCK = mx.array([[7, 8, 9, 10, 11, 12]])
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+def test_flushed_forward_is_the_same_forward(family):
+    """async_eval every n layers while building changes nothing in the results."""
+    runs = []
+    for flush_every, flush in ((0, False), (1, True), (2, True)):
+        target = Target(
+            tiny_model(family), capture_layers=[0, 1], flush_every=flush_every
+        )
+        cache = target.make_cache()
+        target.forward(PROMPT, cache, flush=flush)
+        logits, features = target.forward(BLOCK, cache, flush=flush)
+        runs.append((np.array(logits), np.array(features)))
+    for logits, features in runs[1:]:
+        assert np.array_equal(logits, runs[0][0])
+        assert np.array_equal(features, runs[0][1])
+
+
+def test_flush_taps_are_plain_pass_through_outside_forward():
+    model = tiny_model("llama")
+    ref = np.array(model(PROMPT))
+    Target(model, flush_every=1)
+    assert np.array_equal(np.array(model(PROMPT)), ref)
+
+
+@pytest.mark.skipif(not mx.cuda.is_available(), reason="needs MLX CUDA")
+def test_rollback_from_kept_step_states_equals_replay():
+    """On CUDA rollback picks the kernel's per-step state; it must equal a replay."""
+    states = {}
+    for keep_steps in (True, False):
+        # head dims of 32: the CUDA kernel applies (the test models' 16 do not)
+        target = Target(build_target("tiny-qwen3.5", dtype=mx.float32))
+        cache = target.make_cache()
+        target.forward(PROMPT, cache)
+        saved = snapshot(cache, target.delta_taps)
+        target.forward(BLOCK, cache)
+        for d in target.delta_taps.values():
+            assert d.layer.step_states.states.shape[0] == BLOCK.shape[1]
+        if not keep_steps:
+            for d in target.delta_taps.values():
+                d.layer.step_states.states = None
+        rollback(cache, target.delta_taps, saved, verified=BLOCK.shape[1], kept=3)
+        states[keep_steps] = [np.array(cache[i][1]) for i in target.delta_taps]
+    for a, b in zip(states[True], states[False]):
+        assert np.abs(a - b).max() <= 1e-5
+
+
+def test_bucket_cache_prefill_chunks_take_the_causal_path():
+    """Chunks longer than `max_bucketed` see exact keys with mlx_lm's causal mask;
+    verify-sized inputs see the padded buffer. Logits equal a plain cache's."""
+    from mlx_lm.models.cache import KVCache
+
+    model = tiny_model("qwen3")
+    prompt = mx.array([[i % 90 + 3 for i in range(150)]])
+    logits = {}
+    for bucket in (False, True):
+        target = Target(model)
+        cache = target.make_cache(bucket=bucket)
+        first = target.forward(prompt[:, :100], cache)[0]  # 100 > 64: causal path
+        rest = target.forward(prompt[:, 100:], cache)[0]  # 50 <= 64: padded + mask
+        logits[bucket] = np.concatenate([np.array(first), np.array(rest)], axis=1)
+    assert isinstance(cache[0], KVCache) and cache[0].keys.shape[2] == 256
+    assert np.abs(logits[True] - logits[False]).max() < 1e-5
