@@ -16,6 +16,10 @@ from mlx_lm.models.cache import KVCache
 
 class BucketKVCache(KVCache):
     step = 256
+    # Longer inputs (prefill chunks) get the exact keys and mlx_lm's "causal"
+    # mask: the fused causal kernel, no (n x capacity) mask array; they are
+    # few, so their per-length compiles do not matter.
+    max_bucketed = 64
 
     def capacity_for(self, n: int) -> int:
         cap = 0 if self.keys is None else self.keys.shape[2]
@@ -36,12 +40,16 @@ class BucketKVCache(KVCache):
         self.keys[..., prev : prev + n, :] = keys
         self.values[..., prev : prev + n, :] = values
         self.offset += n
+        if n > self.max_bucketed:
+            return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
         return self.keys, self.values
 
     def make_mask(self, N: int, return_array: bool = False, window_size=None):
         """Causal mask over the whole (padded) buffer the next update returns."""
         if window_size is not None:
             raise ValueError("BucketKVCache does not support sliding windows")
+        if N > self.max_bucketed:
+            return super().make_mask(N, return_array=return_array, window_size=None)
         return bucket_mask(N, self.offset, self.capacity_for(N))
 
 
@@ -50,3 +58,51 @@ def bucket_mask(n: int, offset: int, capacity: int) -> mx.array:
     q = mx.arange(offset, offset + n)[:, None]
     k = mx.arange(capacity)[None]
     return k <= q
+
+
+class PaddedBatchKVCache(KVCache):
+    """Rows of left-padded prompts decoded together in one preallocated buffer.
+
+    Every call attends over the whole buffer (`capacity` keys, fixed up front)
+    with a mask that hides each row's left padding and the unwritten tail, so a
+    decode loop shows attention one shape from start to end (on MLX CUDA a new
+    key length is a new kernel, DESIGN §4). `offset` holds each row's position
+    of the next token, as in mlx_lm's `BatchKVCache`, so RoPE sees the same
+    positions as an unpadded run. Passed in via `cache=`; mlx_lm is unchanged.
+    """
+
+    def __init__(self, left_padding: mx.array, capacity: int):
+        super().__init__()
+        self.left_padding = left_padding
+        self.capacity = capacity
+        self.idx = 0  # next buffer column; the same for every row
+        self.offset = -left_padding
+
+    def update_and_fetch(self, keys, values):
+        n = keys.shape[2]
+        assert self.idx + n <= self.capacity, "PaddedBatchKVCache is full"
+        if self.keys is None:
+            B, H, _, Dk = keys.shape
+            self.keys = mx.zeros((B, H, self.capacity, Dk), keys.dtype)
+            self.values = mx.zeros((B, H, self.capacity, values.shape[3]), values.dtype)
+        self.keys[..., self.idx : self.idx + n, :] = keys
+        self.values[..., self.idx : self.idx + n, :] = values
+        self.idx += n
+        self.offset = self.offset + n
+        return self.keys, self.values
+
+    def make_mask(self, N: int, return_array: bool = False, window_size=None):
+        """(rows, 1, N, capacity) bool: causal, minus each row's left padding."""
+        if window_size is not None:
+            raise ValueError("PaddedBatchKVCache does not support sliding windows")
+        q = mx.arange(self.idx, self.idx + N)[:, None]
+        k = mx.arange(self.capacity)[None]
+        real = k[None] >= self.left_padding[:, None, None]
+        # A padding query still sees itself: a row with no visible key would
+        # make a NaN that reaches every row through 0 * NaN in the values.
+        return ((k <= q) & real | (k == q))[:, None]
+
+    def filter(self, rows: mx.array):
+        """Keep only `rows` (indices into the batch), in that order."""
+        self.keys, self.values = self.keys[rows], self.values[rows]
+        self.left_padding, self.offset = self.left_padding[rows], self.offset[rows]
