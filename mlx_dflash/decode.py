@@ -6,158 +6,23 @@ target verifies `[anchor, d1 .. d(B-1)]` in one pass, the longest prefix that
 matches the target's own choices is accepted, and the target's token at the
 first mismatch is emitted as the bonus. Caches are then rolled back so that
 they hold exactly the emitted tokens minus the last one, as plain
-autoregressive decoding would. One host sync per cycle.
+autoregressive decoding would. One host sync per cycle. With a `Fallback`
+(fallback.py) some steps are plain: a block of the anchor alone, no draft.
 """
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generator, Iterable, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 
 from .drafters import Drafter
+from .fallback import Fallback, FallbackState
 from .rollback import rollback, snapshot
 from .sampling import SamplingParams, probs, speculative_accept
+from .stats import SpecStats
 from .target import Target
-
-
-@dataclass
-class SpecStats:
-    """Speculative statistics of one generation.
-
-    `tau` is the mean accepted length per cycle, bonus token included
-    (1 .. block size). `acceptance_rate` is per drafted token: accepted draft
-    tokens / drafted tokens. `draft_share` is the share of emitted tokens that
-    came from the draft; it is *not* an acceptance rate.
-    """
-
-    block_size: int
-    cycles: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    emitted: int = 0
-    accepted_at: List[int] = field(default_factory=list)
-    drafted_at: List[int] = field(default_factory=list)
-    # Acceptance-collapse fallback: tokens and seconds decoded plainly / speculatively.
-    plain_tokens: int = 0
-    plain_seconds: float = 0.0
-    spec_seconds: float = 0.0
-    fallbacks: int = 0
-
-    def __post_init__(self):
-        self.accepted_at = [0] * max(self.block_size - 1, 0)
-        self.drafted_at = [0] * max(self.block_size - 1, 0)
-
-    def record(self, drafted: int, accepted: int, emitted: int):
-        self.cycles += 1
-        self.drafted += drafted
-        self.accepted += accepted
-        self.emitted += emitted
-        for i in range(drafted):
-            self.drafted_at[i] += 1
-        for i in range(accepted):
-            self.accepted_at[i] += 1
-
-    @property
-    def tau(self) -> float:
-        return (self.accepted + self.cycles) / self.cycles if self.cycles else 0.0
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def draft_share(self) -> float:
-        total = self.emitted + self.plain_tokens
-        return self.accepted / total if total else 0.0
-
-    @property
-    def per_position(self) -> List[float]:
-        """P(draft position i accepted | it was drafted), i = 1 .. B-1."""
-        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
-
-    def as_dict(self) -> dict:
-        return {
-            "block_size": self.block_size,
-            "cycles": self.cycles,
-            "tau": round(self.tau, 4),
-            "acceptance_rate": round(self.acceptance_rate, 4),
-            "draft_share": round(self.draft_share, 4),
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "per_position_acceptance": [round(p, 4) for p in self.per_position],
-            "fallback": {
-                "switches_to_plain": self.fallbacks,
-                "plain_tokens": self.plain_tokens,
-                "plain_seconds": round(self.plain_seconds, 4),
-                "speculative_seconds": round(self.spec_seconds, 4),
-            },
-        }
-
-
-@dataclass
-class Fallback:
-    """Decode plainly while speculation costs more time per token than it saves.
-
-    Speculation pays when tokens per cycle (tau) exceed the cycle's cost in
-    plain decoding steps. After `window` speculative cycles below break-even,
-    decode `plain_tokens` tokens plainly, then probe speculation again for
-    `window` cycles; each failed probe doubles the plain stretch (up to
-    `max_plain`), so a collapsed drafter costs only the short probes, never a
-    full block every cycle.
-
-    Args:
-        window: speculative cycles per decision.
-        plain_tokens: first plain stretch.
-        max_plain: longest plain stretch.
-        break_even: fixed tau threshold; None = measured from the run's own
-          timings (seconds per token speculatively vs plainly).
-    """
-
-    window: int = 4
-    plain_tokens: int = 16
-    max_plain: int = 256
-    break_even: Optional[float] = None
-
-
-class _FallbackState:
-    def __init__(self, cfg: Fallback):
-        self.cfg = cfg
-        self.stretch = cfg.plain_tokens
-        self.plain_left = 0
-        self.recent: List[Tuple[int, float]] = []  # (tokens, seconds) per spec cycle
-        self.plain_cost: Optional[float] = None  # seconds per plain token (EMA)
-
-    @property
-    def plain(self) -> bool:
-        return self.plain_left > 0
-
-    def after_plain(self, seconds: float):
-        self.plain_left -= 1
-        c = self.plain_cost
-        self.plain_cost = seconds if c is None else 0.8 * c + 0.2 * seconds
-
-    def after_spec(self, tokens: int, seconds: float, stats: SpecStats):
-        self.recent.append((tokens, seconds))
-        if len(self.recent) < self.cfg.window:
-            return
-        n = sum(t for t, _ in self.recent)
-        secs = sum(t for _, t in self.recent)
-        tau = n / len(self.recent)
-        self.recent = []
-        if self.cfg.break_even is not None:
-            losing = tau < self.cfg.break_even
-        elif self.plain_cost is None:
-            losing = True  # measure plain decoding once, then compare
-        else:
-            losing = secs / n > self.plain_cost
-        if losing:
-            self.plain_left = self.stretch
-            self.stretch = min(2 * self.stretch, self.cfg.max_plain)
-            stats.fallbacks += 1
-        else:
-            self.stretch = self.cfg.plain_tokens
 
 
 def prefill(
@@ -182,7 +47,9 @@ def prefill(
     for s in range(cached, len(prompt), step_size):
         chunk = list(prompt[s : s + step_size])
         last = s + step_size >= len(prompt)
-        logits, features = target.forward(mx.array([chunk]), cache, last_only=True)
+        logits, features = target.forward(
+            mx.array([chunk]), cache, last_only=True, flush=True
+        )
         drafter.commit(chunk, features)
         mx.eval([c.state for c in cache] + ([] if last else [features]))
         if not last:
@@ -218,7 +85,8 @@ def generate_step(
         drafter: a `Drafter`; block_size 1 decodes plainly.
         cache: target cache to fill (default: a fresh one).
         max_tokens: exact number of tokens to generate at most.
-        block_size: verify block size B (anchor + B-1 drafted tokens).
+        block_size: verify block size B (anchor + B-1 drafted tokens); with
+          `fallback`, the largest block a cycle verifies.
         stop_tokens: generation ends at the first of these (it is yielded).
         prefill_step_size: prompt chunk size.
         cached: `cache` and `drafter` already hold `prompt[:cached]` (prompt
@@ -226,7 +94,8 @@ def generate_step(
         sampling: temperature / top-p / top-k / min-p / seed (default greedy).
         logprobs: None, or the number of top log-probabilities to return with
           each token (0 = only the token's own).
-        fallback: decode plainly while speculation does not pay (None = never).
+        fallback: decode plainly while speculation does not pay, probing
+          cheaply when to resume (see `fallback.py`; None = always speculate).
         stats: filled in as cycles complete.
 
     When the generator is exhausted, `cache` and the drafter hold
@@ -264,16 +133,22 @@ def generate_step(
     y = int(first.item())
     yield _out(y, False, lp, 0, logprobs)
     n_out = 1
-    if y in stop:
+    if y in stop or n_out >= max_tokens:
         return
 
     sampled_drafts = not params.greedy and hasattr(drafter, "propose_sampled")
-    fb = _FallbackState(fallback) if fallback is not None and block_size > 1 else None
-    tic = time.perf_counter()
-    while n_out < max_tokens:
+    fb = None
+    if fallback is not None and block_size > 1:
+        fb = FallbackState(fallback, block_size)
+
+    def start_cycle(y: int, n_out: int):
+        """Draft the next cycle and start it on the device, so the draft runs
+        while the host hands out tokens and builds the verify graph."""
+        nonlocal key
         plain = fb is not None and fb.plain
+        block = block_size if fb is None else fb.block
         # Never verify more than can still be emitted: exact max_tokens, less work.
-        n_draft = 0 if plain else min(block_size, max_tokens - n_out) - 1
+        n_draft = 0 if plain else min(block, max_tokens - n_out) - 1
         key, k_draft, k_accept = mx.random.split(key, 3)
         q = None
         if n_draft == 0:
@@ -283,9 +158,20 @@ def generate_step(
         else:
             draft = drafter.propose(y, n_draft)
         draft = draft.astype(mx.uint32)
+        # A fallback probe drafts without verifying; later plain steps check it.
+        probe = drafter.propose(y, fb.probe - 1) if plain and fb.probe_now else None
+        pending = [x for x in (draft, q, probe) if x is not None and x.size]
+        if pending:
+            mx.async_eval(pending)
+        return plain, draft, q, probe, k_accept
+
+    tic = time.perf_counter()
+    cycle = start_cycle(y, n_out)
+    while True:
+        plain, draft, q, probe, k_accept = cycle
         verify_in = mx.concatenate([mx.array([y], dtype=mx.uint32), draft])
         saved = snapshot(cache, target.delta_taps)
-        logits, features = target.forward(verify_in[None], cache)
+        logits, features = target.forward(verify_in[None], cache, flush=True)
         logits = logits[0]
         if params.greedy:
             candidates = mx.argmax(logits, axis=-1)
@@ -296,7 +182,7 @@ def generate_step(
         lp = _logprobs(logits, candidates, logprobs, draft)
 
         # --- accept: the one host sync of the cycle
-        mx.eval(accepted, candidates, draft, lp)
+        mx.eval(accepted, candidates, draft, lp, probe)
         accepted, candidates, draft = (
             accepted.tolist(),
             candidates.tolist(),
@@ -321,22 +207,26 @@ def generate_step(
         )
         now = time.perf_counter()
         if plain:
-            fb.after_plain(now - tic)
             stats.plain_tokens += m
             stats.plain_seconds += now - tic
+            probe = None if probe is None else probe.tolist()
+            fb.after_plain(now - tic, emitted[0], probe, stats)
         else:
             stats.record(drafted=len(draft), accepted=min(a, m), emitted=m)
             stats.spec_seconds += now - tic
             if fb is not None:
-                fb.after_spec(m, now - tic, stats)
+                fb.after_spec(len(draft) + 1, min(a, m), m, now - tic, stats)
 
-        for i, t in enumerate(emitted):
-            yield _out(t, i < a, lp, i, logprobs, from_draft_row=i < a)
         n_out += m
         y = emitted[-1]
-        if y in stop:
-            return
+        done = y in stop or n_out >= max_tokens
         tic = time.perf_counter()
+        if not done:
+            cycle = start_cycle(y, n_out)
+        for i, t in enumerate(emitted):
+            yield _out(t, i < a, lp, i, logprobs, from_draft_row=i < a)
+        if done:
+            return
 
 
 def _logprobs(logits, candidates, top: Optional[int], draft=None):

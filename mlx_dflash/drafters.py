@@ -52,6 +52,9 @@ class DFlashDrafter:
 
     def commit(self, tokens, features):
         self.draft.append_context(features, self.cache)
+        # Start it now: the step that committed pays for it, not the next
+        # proposal (whose time the fallback weighs).
+        mx.async_eval([c.state for c in self.cache])
 
     def trim(self, n):
         for c in self.cache:

@@ -6,8 +6,9 @@ import sys
 
 import mlx.core as mx
 
-from .decode import Fallback, stream_generate
+from .decode import stream_generate
 from .device import backend, device_info, draft_dtype, traps
+from .fallback import Fallback
 from .load import add_engine_args, load_target, make_drafter
 from .memory import available_memory, check_memory, gb, memory_model
 from .registry import draft_for
@@ -174,14 +175,16 @@ def main(argv=None):
         print(json.dumps(result))
         return
     s = result["stats"]
+    fb = s["fallback"]
     print(
         f"\n==========\nprompt: {result['prompt_tokens']} tokens, "
         f"{result['prompt_tps']:.1f} tok/s | generation: {result['generation_tokens']} "
         f"tokens, {result['generation_tps']:.1f} tok/s | drafter {result['drafter']}, "
         f"block {s['block_size']}, tau {s['tau']:.2f} (mean accepted length incl. bonus), "
         f"per-draft-token acceptance {s['acceptance_rate']:.1%}, "
-        f"{s['fallback']['plain_tokens']} tokens decoded plainly (acceptance below "
-        f"break-even) | "
+        f"fallback: {fb['plain_tokens']} tokens plain in {fb['plain_seconds']:.2f} s "
+        f"({fb['probes']} probes), {fb['speculative_tokens']} speculative in "
+        f"{fb['speculative_seconds']:.2f} s | "
         f"peak memory {result['peak_memory_gb']:.2f} GB",
         file=sys.stderr,
     )

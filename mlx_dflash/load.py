@@ -10,6 +10,7 @@ import mlx.nn as nn
 
 from .draft import DFlashDraft, load_draft
 from .drafters import DFlashDrafter, Drafter, PromptLookupDrafter
+from .fallback import POLICY_HELP
 from .target import Target
 
 DEFAULT_DRAFT = Path(__file__).parent / "default_draft"
@@ -176,6 +177,8 @@ def add_engine_args(parser):
     parser.add_argument(
         "--no-fallback",
         action="store_true",
-        help="always speculate, even while acceptance is below break-even "
-        "(default: decode plainly for a while and re-probe)",
+        help="always speculate with the full block, even while acceptance is "
+        "below break-even (default: the acceptance-collapse fallback: "
+        + POLICY_HELP
+        + ")",
     )

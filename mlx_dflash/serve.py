@@ -117,7 +117,7 @@ def main(argv=None):
 
     import uvicorn
 
-    from .decode import Fallback
+    from .fallback import Fallback
     from .server import Engine, EngineConfig, create_app
 
     config = EngineConfig(

@@ -30,9 +30,10 @@ from mlx_dflash.bench.runner import (
 from mlx_dflash.bench.shapes import draft_for_target
 from mlx_dflash.bench.stats import ideal_speedup, run_order, summarize, token_match
 from mlx_dflash.bench.suites import SUITES, load_suite, suite_prompts
-from mlx_dflash.decode import SpecStats, generate_step
+from mlx_dflash.decode import generate_step
 from mlx_dflash.drafters import DFlashDrafter, PromptLookupDrafter
 from mlx_dflash.sampling import SamplingParams
+from mlx_dflash.stats import SpecStats
 from mlx_dflash.target import Target
 
 
@@ -411,9 +412,15 @@ def test_cli_quantized_drafts_and_fallback(tmp_path):
     mx.random.seed(0)
     draft = DFlashDraft(
         DraftArgs(
-            hidden_size=128, intermediate_size=128, num_hidden_layers=1,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-            rms_norm_eps=1e-6, vocab_size=1024, target_layer_ids=[1, 2],
+            hidden_size=128,
+            intermediate_size=128,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            rms_norm_eps=1e-6,
+            vocab_size=1024,
+            target_layer_ids=[1, 2],
             mask_token_id=1000,
         )
     )
@@ -421,11 +428,27 @@ def test_cli_quantized_drafts_and_fallback(tmp_path):
     save_draft(draft, d)
     cli.main(
         [
-            "--shape", "tiny-qwen3", "--dtype", "float32",
-            "--draft", f"{d},{d}@q8,{d}@q4", "--fallback",
-            "--suites", "code", "--prompts-per-suite", "1", "--max-tokens", "24",
-            "--repeats", "1", "--cooldown", "0", "--no-profile", "--no-png",
-            "--out", str(tmp_path / "q"),
+            "--shape",
+            "tiny-qwen3",
+            "--dtype",
+            "float32",
+            "--draft",
+            f"{d},{d}@q8,{d}@q4",
+            "--fallback",
+            "--suites",
+            "code",
+            "--prompts-per-suite",
+            "1",
+            "--max-tokens",
+            "24",
+            "--repeats",
+            "1",
+            "--cooldown",
+            "0",
+            "--no-profile",
+            "--no-png",
+            "--out",
+            str(tmp_path / "q"),
         ]
     )
     res = json.loads((tmp_path / "q.json").read_text())

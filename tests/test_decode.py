@@ -5,9 +5,10 @@ import pytest
 from mlx_lm.generate import generate_step as stock_generate_step
 from models import CONFIGS, VOCAB, tiny_model
 
-from mlx_dflash.decode import SpecStats, generate_step
+from mlx_dflash.decode import generate_step
 from mlx_dflash.draft import DFlashDraft, DraftArgs
 from mlx_dflash.drafters import DFlashDrafter, OracleDrafter, PromptLookupDrafter
+from mlx_dflash.stats import SpecStats
 from mlx_dflash.target import Target
 
 FAMILIES = list(CONFIGS)

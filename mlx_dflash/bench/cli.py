@@ -16,8 +16,8 @@ from typing import List
 
 import mlx.core as mx
 
-from ..decode import Fallback
 from ..drafters import DFlashDrafter, PromptLookupDrafter
+from ..fallback import POLICY_HELP, Fallback
 from ..sampling import SamplingParams
 from ..target import Target
 from . import report
@@ -49,6 +49,13 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--shape", choices=sorted(PRESETS), help="random-weight target of a named shape"
     )
     p.add_argument(
+        "--peaked",
+        action="store_true",
+        help="with --shape: condition the random weights so every greedy choice wins "
+        "by a wide margin (same shapes and cost; plain random weights have near-flat "
+        "logits, so bf16 rounding alone flips tokens and token match is meaningless)",
+    )
+    p.add_argument(
         "--draft",
         type=_names,
         default=["engine"],
@@ -59,8 +66,10 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument(
         "--fallback",
         action="store_true",
-        help="run speculative arms with the acceptance-collapse fallback, as "
-        "`generate` and `serve` do (default: speculate every cycle, measuring the drafter)",
+        help="run speculative arms with the acceptance-collapse fallback that "
+        "`generate` and `serve` use by default: "
+        + POLICY_HELP
+        + " (default: full-block speculation every cycle, measuring the drafter)",
     )
     p.add_argument(
         "--tau",
@@ -142,7 +151,9 @@ def load(args):
     dtype = getattr(mx, args.dtype) if args.dtype else None
     if args.shape:
         dtype = dtype or mx.bfloat16
-        model = build_target(args.shape, dtype=dtype, seed=args.seed)
+        model = build_target(
+            args.shape, dtype=dtype, seed=args.seed, peaked=args.peaked
+        )
         target = Target(model)
         layers = args.draft_layers or 5
         make = lambda: build_draft(
@@ -152,7 +163,8 @@ def load(args):
             block_size=args.block_size,
             dtype=dtype,
         )
-        return target, None, f"random {args.shape} ({args.dtype or 'bfloat16'})", make
+        kind = "peaked random" if args.peaked else "random"
+        return target, None, f"{kind} {args.shape} ({args.dtype or 'bfloat16'})", make
     from ..load import load_target
 
     path = args.model

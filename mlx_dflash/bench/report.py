@@ -326,9 +326,35 @@ def markdown(results: dict, command: str) -> str:
                 f"- {c['suite']}/{c['name']}{t} {name}: "
                 + " ".join(f"{p:.2f}" for p in pp)
             )
+    lines += _fallback_lines(results)
     lines += ["", "## Settings", "", "```json", json.dumps(cfg, indent=1), "```"]
     lines += ["", "## Environment", "", "```json", json.dumps(env, indent=1), "```", ""]
     return "\n".join(lines)
+
+
+def _fallback_lines(results: dict) -> List[str]:
+    """Tokens and seconds per decoding mode, for arms run with the fallback."""
+    out = []
+    for c in results["cases"]:
+        for name, a in c["arms"].items():
+            f = a["spec"]["fallback"]
+            if not f["plain_tokens"]:
+                continue
+            t = f" T={_temp(c):g}" if "sampling" in c else ""
+            runs = a["spec"].get("runs", 1)
+            out.append(
+                f"- {c['suite']}/{c['name']}{t} {name}, per run: "
+                f"plain {f['plain_tokens'] / runs:.1f} tokens in "
+                f"{f['plain_seconds'] / runs:.2f} s ({f.get('probes', 0) / runs:.1f} "
+                f"probes, {f['plain_stretches'] / runs:.1f} stretches); speculative "
+                f"{f['speculative_tokens'] / runs:.1f} tokens in "
+                f"{f['speculative_seconds'] / runs:.2f} s ({a['spec']['cycles'] / runs:.1f} "
+                "cycles)"
+            )
+    if not out:
+        return []
+    head = "## Fallback: tokens and seconds per mode (mean over timed runs)"
+    return ["", head, ""] + out
 
 
 def table(results: dict) -> str:

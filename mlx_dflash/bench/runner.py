@@ -22,9 +22,11 @@ from mlx_lm.generate import generate_step as mlx_generate_step
 from mlx_lm.models.cache import ArraysCache
 from mlx_lm.sample_utils import make_sampler
 
-from ..decode import Fallback, SpecStats, generate_step, prefill
+from ..decode import generate_step, prefill
+from ..fallback import Fallback
 from ..rollback import rollback, snapshot
 from ..sampling import SamplingParams
+from ..stats import SpecStats
 from ..target import Target
 from .stats import ideal_speedup, run_order, summarize, token_match
 
@@ -163,6 +165,7 @@ def pool_stats(stats: Sequence[SpecStats]) -> dict:
         pooled.plain_seconds += st.plain_seconds
         pooled.spec_seconds += st.spec_seconds
         pooled.fallbacks += st.fallbacks
+        pooled.probes += st.probes
         for i, (a, d) in enumerate(zip(st.accepted_at, st.drafted_at)):
             pooled.accepted_at[i] += a
             pooled.drafted_at[i] += d
@@ -213,12 +216,15 @@ def profile_cycle(
 
     verify_ms / draft_ms / fwd1_ms: warm forwards at one fixed key length
     (B tokens through the target with argmax; the drafter's propose; one
-    target token). *_new_len_ms: first call at each of `new_lengths` new key
+    target token), each built and run as the decode loop does (`flush=True`).
+    *_new_len_ms: first call at each of `new_lengths` new key
     lengths, as the decode loop sees them (on CUDA this includes the JIT
     compile of 16-query attention for that length).
     """
     cache = target.make_cache()
-    has_draft = drafter is not None and hasattr(drafter, "dflash")
+    # The engine's cost is its real-size DFlash forward (its oracle tokens are free).
+    proposer = getattr(drafter, "dflash", drafter)
+    has_draft = proposer is not None and hasattr(proposer, "propose")
     sink = drafter if drafter is not None else _NullDrafter()
     logits = prefill(target, cache, sink, prompt)
     anchor = int(mx.argmax(logits, axis=-1).item())
@@ -229,12 +235,12 @@ def profile_cycle(
 
     def fwd(tokens):
         saved = _save(cache)
-        logits, _ = target.forward(tokens, cache)
+        logits, _ = target.forward(tokens, cache, flush=True)
         mx.eval(mx.argmax(logits, axis=-1))
         _restore(cache, saved)
 
     def draft():
-        mx.eval(drafter.dflash.propose(anchor, block - 1))
+        mx.eval(proposer.propose(anchor, block - 1))
 
     out = {}
     fwd(block_in), fwd(one)  # compile for this length
@@ -251,7 +257,7 @@ def profile_cycle(
     for _ in range(new_lengths):
         saved = snapshot(cache, target.delta_taps)
         tic = time.perf_counter()
-        logits, features = target.forward(block_in, cache)
+        logits, features = target.forward(block_in, cache, flush=True)
         mx.eval(mx.argmax(logits, axis=-1))
         v_new.append((time.perf_counter() - tic) * 1e3)
         rollback(cache, target.delta_taps, saved, verified=block, kept=1)

@@ -120,8 +120,21 @@ def _eval_by_layer(model: nn.Module, layers) -> None:
     mx.eval(model.parameters())
 
 
-def build_target(preset: str, *, dtype=mx.bfloat16, seed: int = 0) -> nn.Module:
-    """A random-weight mlx_lm model of a named shape, in `dtype`."""
+def build_target(
+    preset: str, *, dtype=mx.bfloat16, seed: int = 0, peaked: bool = False
+) -> nn.Module:
+    """A random-weight mlx_lm model of a named shape, in `dtype`.
+
+    `peaked` conditions the random weights so that every greedy choice wins by
+    a wide margin (same shapes, same cost): plain random weights give
+    near-flat logits whose top two differ by less than bf16 rounding, so a
+    16-row verify and a 1-row decode step (different matmul kernels) pick
+    different tokens within a few steps and token equality says nothing about
+    the decoder. Here the embedding is scaled to unit entries, every residual
+    branch's output projection by 0.05, and the (untied) head holds permuted
+    embedding rows: the next token is a fixed function of the current one,
+    lightly perturbed by the context.
+    """
     if preset not in PRESETS:
         raise ValueError(
             f"unknown shape preset {preset!r}; choose from {sorted(PRESETS)}"
@@ -135,8 +148,23 @@ def build_target(preset: str, *, dtype=mx.bfloat16, seed: int = 0) -> nn.Module:
     # `training` to pick their fused kernel over the differentiable ops path.
     model.eval()
     lm = model["language_model"] if "language_model" in model else model
+    if peaked:
+        _peak(lm, seed)
     _eval_by_layer(model, lm.model.layers)
     return model
+
+
+def _peak(lm: nn.Module, seed: int) -> None:
+    emb = lm.model.embed_tokens
+    d = emb.weight.shape[-1]
+    emb.weight = emb.weight * (d**0.5)  # mlx init: std 1/sqrt(d)
+    for layer in lm.model.layers:
+        for name, m in layer.named_modules():
+            if name.split(".")[-1] in ("o_proj", "out_proj", "down_proj"):
+                m.weight = m.weight * 0.05
+    if "lm_head" in lm:
+        perm = mx.random.permutation(emb.weight.shape[0], key=mx.random.key(seed))
+        lm.lm_head.weight = emb.weight[perm].astype(lm.lm_head.weight.dtype)
 
 
 def build_draft(

@@ -17,10 +17,12 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import mlx.core as mx
 from mlx_lm.models.cache import trim_prompt_cache
 
-from ..decode import Fallback, SpecStats, generate_step, prefill
+from ..decode import generate_step, prefill
 from ..device import backend, device_info
+from ..fallback import Fallback
 from ..memory import available_memory, check_memory, memory_model
 from ..sampling import SamplingParams
+from ..stats import SpecStats
 from .metrics import Metrics
 from .prompt_cache import PromptCache, load_drafter, save_drafter
 

@@ -1,0 +1,86 @@
+"""Statistics of one speculative generation: acceptance, and time per decoding mode."""
+
+from dataclasses import dataclass, field
+from typing import List
+
+
+@dataclass
+class SpecStats:
+    """Speculative statistics of one generation.
+
+    `tau` is the mean accepted length per cycle, bonus token included
+    (1 .. block size). `acceptance_rate` is per drafted token: accepted draft
+    tokens / drafted tokens. `draft_share` is the share of emitted tokens that
+    came from the draft; it is *not* an acceptance rate.
+
+    With the acceptance-collapse fallback, tokens and seconds are split by
+    mode: speculative cycles (`emitted`, `spec_seconds`) and plain steps
+    (`plain_tokens`, `plain_seconds`, probes included). `fallbacks` counts the
+    plain stretches begun (after a losing window or a failed probe), `probes`
+    the plain steps that also drafted, to test whether speculation pays.
+    """
+
+    block_size: int
+    cycles: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    accepted_at: List[int] = field(default_factory=list)
+    drafted_at: List[int] = field(default_factory=list)
+    plain_tokens: int = 0
+    plain_seconds: float = 0.0
+    spec_seconds: float = 0.0
+    fallbacks: int = 0
+    probes: int = 0
+
+    def __post_init__(self):
+        self.accepted_at = [0] * max(self.block_size - 1, 0)
+        self.drafted_at = [0] * max(self.block_size - 1, 0)
+
+    def record(self, drafted: int, accepted: int, emitted: int):
+        self.cycles += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.emitted += emitted
+        for i in range(drafted):
+            self.drafted_at[i] += 1
+        for i in range(accepted):
+            self.accepted_at[i] += 1
+
+    @property
+    def tau(self) -> float:
+        return (self.accepted + self.cycles) / self.cycles if self.cycles else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def draft_share(self) -> float:
+        total = self.emitted + self.plain_tokens
+        return self.accepted / total if total else 0.0
+
+    @property
+    def per_position(self) -> List[float]:
+        """P(draft position i accepted | it was drafted), i = 1 .. B-1."""
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    def as_dict(self) -> dict:
+        return {
+            "block_size": self.block_size,
+            "cycles": self.cycles,
+            "tau": round(self.tau, 4),
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "draft_share": round(self.draft_share, 4),
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "per_position_acceptance": [round(p, 4) for p in self.per_position],
+            "fallback": {
+                "plain_stretches": self.fallbacks,
+                "probes": self.probes,
+                "plain_tokens": self.plain_tokens,
+                "plain_seconds": round(self.plain_seconds, 4),
+                "speculative_tokens": self.emitted,
+                "speculative_seconds": round(self.spec_seconds, 4),
+            },
+        }
