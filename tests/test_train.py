@@ -9,17 +9,24 @@ from models import VOCAB, tiny_model
 
 from mlx_dflash.draft import DFlashDraft, DraftArgs, load_draft, save_draft
 from mlx_dflash.target import Target
-from mlx_dflash.train.data import Dataset, build_prompts
+from mlx_dflash.train.data import (
+    Dataset,
+    build_prompts,
+    generate_responses,
+    greedy_batch,
+)
 from mlx_dflash.train.objective import (
     block_attention_mask,
     block_loss,
+    dense_head,
     draft_blocks_forward,
+    label_rows,
     make_blocks,
     position_weights,
     sample_anchors,
     target_features,
 )
-from mlx_dflash.train.trainer import TrainArgs, init_draft, train
+from mlx_dflash.train.trainer import TrainArgs, init_draft, train, train_finished
 
 MASK = VOCAB - 1
 
@@ -57,16 +64,17 @@ def test_training_forward_matches_inference(block_size):
 def test_mask_blocks_see_only_own_block_and_earlier_context():
     B, S = 4, 12
     anchors = mx.array([[2, 5, 9]])
-    m = np.array(block_attention_mask(anchors, S, B)[0, 0])
-    assert m.shape == (3 * B, S + 3 * B)
+    m = np.array(block_attention_mask(anchors, S, B)[0])
+    # Keys are [context ; the query's own block]: other blocks are never scored.
+    assert m.shape == (3 * B, S + B)
     for q in range(3 * B):
-        a = q // B
-        p = int(anchors[0, a].item())
+        p = int(anchors[0, q // B].item())
         ctx = m[q, :S]
         assert ctx[:p].all() and not ctx[p:].any()  # strictly before the anchor
-        blk = m[q, S:].reshape(3, B)
-        assert blk[a].all()  # itself, bidirectionally
-        assert not np.delete(blk, a, axis=0).any()  # no other block
+        assert m[q, S:].all()  # itself, bidirectionally
+    # Causal (sliding-window drafts): a query sees its own block up to itself.
+    m = np.array(block_attention_mask(anchors, S, B, causal=True)[0])
+    assert (m[:B, S:] == np.tril(np.ones((B, B), bool))).all()
 
 
 def test_mask_changing_other_blocks_or_later_context_changes_nothing():
@@ -112,6 +120,71 @@ def test_loss_weights_and_label_masking():
     )
     assert math.isclose(loss.item(), loss2.item(), rel_tol=1e-5)
     assert stats["valid"].tolist() == [2, 1, 0]  # anchor 7: 8,9 ; anchor 8: 9
+
+
+def test_label_rows_and_dense_head_give_the_same_loss():
+    # Scoring only the rows that count, through a dequantized copy of a
+    # quantized head, changes nothing but rounding.
+    import mlx.nn as nn
+
+    model = tiny_model("llama")
+    nn.quantize(model, group_size=32, bits=8)
+    target = Target(model)
+    draft = init_draft(target, num_layers=1, mask_token_id=MASK, block_size=4)
+    target.set_capture_layers(draft.args.target_layer_ids)
+    tok = _random_tokens(2, 24)
+    lengths = np.array([24, 15])
+    anc = np.array([[6, 12, 20], [5, 13, 0]])
+    counts = np.array([3, 2])
+    valid = np.arange(3)[None] < counts[:, None]
+    feats = target_features(target, tok)
+    args = (draft, target, tok, mx.array(lengths), feats, mx.array(anc))
+    full, s_full = block_loss(*args, mx.array(valid), gamma=7.0)
+    rows = label_rows(anc, counts, lengths, 4)
+    assert len(rows) % 256 == 0 and (rows >= 0).sum() == s_full["valid"].sum().item()
+    fast, s_fast = block_loss(
+        *args,
+        mx.array(valid),
+        gamma=7.0,
+        rows=mx.array(rows),
+        head=dense_head(target, mx.float32),
+    )
+    assert math.isclose(full.item(), fast.item(), rel_tol=1e-4)
+    for k in s_full:
+        assert s_full[k].tolist() == s_fast[k].tolist(), k
+
+
+def test_batched_greedy_equals_each_prompt_alone():
+    # Padding, the fixed-size cache and shrinking the batch must not change a
+    # single token: every row equals mlx_lm's own greedy run of that prompt.
+    from collections import Counter
+
+    from mlx_lm.generate import generate_step
+
+    target = Target(tiny_model("llama"))
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(3, VOCAB - 1, n).tolist() for n in rng.integers(2, 40, 11)]
+    ref = [
+        [int(t) for t, _ in generate_step(mx.array(p), target.model, max_tokens=24)]
+        for p in prompts
+    ]
+    # A stop token that ends some rows early (kept at the end of the response).
+    stop = Counter(t for r in ref for t in r[2:12]).most_common(1)[0][0]
+    ref = [r[: r.index(stop) + 1] if stop in r else r for r in ref]
+    # Most rows stop early, so the batch also shrinks (11 -> 8 -> 4 rows).
+    assert len(ref) // 2 < sum(len(r) < 24 for r in ref) < len(ref)
+    got = greedy_batch(target, prompts, stop_tokens=[stop], max_tokens=24, min_rows=2)
+    assert got == ref
+    data = generate_responses(
+        target, prompts, stop_tokens=[stop], max_tokens=24, batch_size=4, min_response=0
+    )
+    out = {
+        tuple(data.sequence(i)[: data.prompt_lens[i]].tolist()): data.sequence(i)[
+            data.prompt_lens[i] :
+        ].tolist()
+        for i in range(len(data))
+    }
+    assert [out[tuple(p)] for p in prompts] == ref
 
 
 def test_anchors_are_response_positions():
@@ -168,6 +241,7 @@ def test_checkpoint_round_trip_and_resume(tmp_path):
         report_every=1,
     )
     train(draft, target, data, args, out=tmp_path, stop_after=4, log=lambda m: None)
+    assert not train_finished(tmp_path)
     loaded = load_draft(tmp_path, target=target)
     tok = _random_tokens(1, 20)
     feats = target_features(target, tok)
@@ -182,6 +256,7 @@ def test_checkpoint_round_trip_and_resume(tmp_path):
     # Resume: 4 more steps continue from step 4 and reproduce an uninterrupted 8-step run.
     resumed = init_draft(target, num_layers=1, mask_token_id=MASK, block_size=4, seed=7)
     train(resumed, target, data, args, out=tmp_path, resume=True, log=lambda m: None)
+    assert train_finished(tmp_path)
     straight = init_draft(
         target, num_layers=1, mask_token_id=MASK, block_size=4, seed=1
     )
@@ -203,3 +278,26 @@ def test_prompt_set_is_offline_and_split():
     assert len(train_p) > 5000 and 50 < len(held) < len(train_p) // 10
     assert not {p.text for p in train_p} & {p.text for p in held}
     assert {p.kind for p in train_p} == {"code", "general"}
+
+
+def test_cli_trains_then_eval_only_prints_tau(tmp_path, capsys):
+    import json
+
+    from models import save_tiny_model_dir
+
+    from mlx_dflash.train.cli import main
+
+    model, out = tmp_path / "model", tmp_path / "draft"
+    save_tiny_model_dir("llama", model)
+    common = ["--model", str(model), "--out", str(out)]
+    report = main(
+        common + "--num-prompts 4 --max-new-tokens 16 --gen-batch 4 --layers 1 "
+        "--mask-token-id 95 --steps 3 --batch-size 2 --anchors 4 --warmup 1 "
+        "--save-every 0 --eval-prompts 0".split()
+    )
+    assert report["sequences"] > 0 and (out / "data.npz").is_file()
+    assert train_finished(out)
+    capsys.readouterr()
+    main(common + "--eval-only --eval-prompts 1 --eval-max-tokens 8".split())
+    result = json.loads(capsys.readouterr().out)
+    assert result["identical_to_greedy"] and result["tau"] >= 1.0

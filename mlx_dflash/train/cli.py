@@ -1,11 +1,14 @@
 """`mlx-dflash train`: distil a DFlash drafter for an mlx_lm model.
 
     mlx-dflash train --model M --out DIR [--data data.npz] [--steps N] ...
+    mlx-dflash train --eval-only [--model M] [--out DIR]
 
 Stages: build the offline prompt set -> the target answers it (batched greedy,
 cached as DIR/data.npz) -> train -> held-out tau at block 16 (greedy, output
 checked against mlx_lm's own greedy decoding) -> DIR holds a z-lab format
 checkpoint (config.json + model.safetensors, bf16) plus report.json.
+`--eval-only` runs the last stage alone on DIR (default: the shipped drafter
+against the default target) and prints the result as one JSON line.
 """
 
 import argparse
@@ -39,7 +42,22 @@ def build_parser(parser=None):
         choices=["float32", "bfloat16", "float16"],
         help="dequantize the target to this dtype (float32 is faster on CPU)",
     )
-    p.add_argument("--out", required=True, help="output checkpoint directory")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="checkpoint directory (required unless --eval-only, which reads it; "
+        "default there: the shipped drafter)",
+    )
+    p.add_argument(
+        "--gen-only",
+        action="store_true",
+        help="stop once the data set (DIR/data.npz) is written",
+    )
+    p.add_argument(
+        "--eval-only",
+        action="store_true",
+        help="only print the held-out tau of the drafter in --out",
+    )
     p.add_argument("--data", default=None, help="reuse a data.npz from an earlier run")
     p.add_argument(
         "--num-prompts",
@@ -51,7 +69,7 @@ def build_parser(parser=None):
         "--max-new-tokens", type=int, default=256, help="response length cap"
     )
     p.add_argument(
-        "--gen-batch", type=int, default=256, help="sequences generated at once"
+        "--gen-batch", type=int, default=512, help="sequences generated at once"
     )
     p.add_argument(
         "--gen-time-budget",
@@ -93,12 +111,9 @@ def build_parser(parser=None):
 
 
 def load_target(model, dtype=None):
-    if model is None:
-        from ..gguf import find_default_gguf
-
-        model = str(find_default_gguf())
     from ..load import load_target as _load
 
+    # model None: the default target as `generate` loads it (fp32 on CPU).
     return _load(model, dtype=None if dtype is None else getattr(mx, dtype))
 
 
@@ -116,11 +131,61 @@ def mask_token_for(tokenizer, vocab: int, override=None) -> int:
     )
 
 
+def held_out_tau(target, tokenizer, draft, a) -> dict:
+    """Held-out tau of `draft` at block 16, greedy, checked against mlx_lm."""
+    from .data import build_prompts, encode
+    from .trainer import evaluate_tau
+
+    _, held_out = build_prompts(seed=a.seed)
+    prompts = [encode(tokenizer, p.text) for p in held_out[: a.eval_prompts]]
+    stats, taus, same = evaluate_tau(
+        target,
+        draft,
+        prompts,
+        max_tokens=a.eval_max_tokens,
+        block_size=16,
+        stop_tokens=sorted(tokenizer.eos_token_ids),
+    )
+    print(
+        f"held-out tau {stats.tau:.2f} over {len(prompts)} prompts, "
+        f"identical to greedy: {same}",
+        file=sys.stderr,
+    )
+    return {
+        "prompts": len(prompts),
+        "max_tokens": a.eval_max_tokens,
+        "tau": round(stats.tau, 3),
+        "identical_to_greedy": same,
+        "per_prompt_tau": [round(t, 2) for t in taus],
+        "stats": stats.as_dict(),
+    }
+
+
+def eval_only(a):
+    """The drafter in --out (default: the shipped one) as `generate` runs it."""
+    from ..device import backend, device_info, draft_dtype
+    from ..draft import load_draft
+    from ..load import DEFAULT_DRAFT
+
+    path = Path(a.out or DEFAULT_DRAFT)
+    target, tokenizer = load_target(a.model, a.dtype)
+    requested = getattr(mx, a.dtype) if a.dtype else None
+    policy = draft_dtype(device_info(), backend(), requested=requested)
+    draft = load_draft(path, target=target, dtype=policy.dtype)
+    result = {"draft": str(path), **held_out_tau(target, tokenizer, draft, a)}
+    print(json.dumps(result))
+    return result
+
+
 def main(argv=None):
     from .data import Dataset, build_prompts, encode, generate_responses
-    from .trainer import evaluate_tau, init_draft, train
+    from .trainer import init_draft, train, train_finished
 
     a = build_parser().parse_args(argv)
+    if a.eval_only:
+        return eval_only(a)
+    if a.out is None:
+        raise SystemExit("error: --out is required (unless --eval-only)")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     targs = TrainArgs(**{f.name: getattr(a, f.name) for f in fields(TrainArgs)})
@@ -128,7 +193,7 @@ def main(argv=None):
     target, tokenizer = load_target(a.model, a.dtype)
     vocab = target.embed_tokens.weight.shape[0]
     stop = sorted(tokenizer.eos_token_ids)
-    train_prompts, held_out = build_prompts(seed=targs.seed)
+    train_prompts, _ = build_prompts(seed=targs.seed)
     if a.num_prompts:
         train_prompts = train_prompts[: a.num_prompts]
     report = {
@@ -144,31 +209,33 @@ def main(argv=None):
         ids = [encode(tokenizer, p.text) for p in train_prompts]
 
         def progress(done, n, tok, el):
-            if int(el) % 10 == 0:
-                print(
-                    f"\rgenerate: {done}/{n} done, {tok} tokens, {tok / max(el, 1e-9):.0f} tok/s",
-                    end="",
-                    file=sys.stderr,
-                )
+            print(
+                f"generate: {done}/{n} prompts, {tok} tokens, {el:.0f}s, "
+                f"{tok / max(el, 1e-9):.0f} tok/s",
+                file=sys.stderr,
+                flush=True,
+            )
 
         tg = time.perf_counter()
         data = generate_responses(
-            target.model,
+            target,
             ids,
             stop_tokens=stop,
             max_tokens=a.max_new_tokens,
             batch_size=a.gen_batch,
             time_budget=a.gen_time_budget,
+            seed=targs.seed,
             progress=progress,
         )
         report["generate_seconds"] = round(time.perf_counter() - tg, 1)
-        print(file=sys.stderr)
         data.save(data_path)
     report.update(sequences=len(data), response_tokens=data.response_tokens())
     print(
         f"data: {len(data)} sequences, {data.response_tokens()} response tokens",
         file=sys.stderr,
     )
+    if a.gen_only:
+        return report
 
     if a.resume and (out / "config.json").is_file():
         from ..draft import load_draft
@@ -196,33 +263,20 @@ def main(argv=None):
     )
     report["train_seconds"] = round(time.perf_counter() - tt, 1)
     report["history"] = history[-5:]
-
-    # Ship in a half-precision dtype; training state stays beside it in fp32.
+    # Ship in a half-precision dtype; fp32 weights for --resume stay in
+    # DIR/train_state.
     draft.set_dtype(getattr(mx, a.save_dtype))
     from ..draft import save_draft
 
     save_draft(draft, out)
-    if a.eval_prompts:
-        prompts = [encode(tokenizer, p.text) for p in held_out[: a.eval_prompts]]
-        stats, taus, same = evaluate_tau(
-            target,
-            draft,
-            prompts,
-            max_tokens=a.eval_max_tokens,
-            block_size=16,
-            stop_tokens=stop,
-        )
-        report["held_out"] = {
-            "prompts": len(prompts),
-            "tau": round(stats.tau, 3),
-            "identical_to_greedy": same,
-            "per_prompt_tau": [round(t, 2) for t in taus],
-            "stats": stats.as_dict(),
-        }
+    if not train_finished(out):
         print(
-            f"held-out tau {stats.tau:.2f} over {len(prompts)} prompts, identical to greedy: {same}",
+            f"stopped before the end of the schedule (--stop-seconds): run the "
+            "same command with --resume to continue",
             file=sys.stderr,
         )
+    elif a.eval_prompts:
+        report["held_out"] = held_out_tau(target, tokenizer, draft, a)
     report["total_seconds"] = round(time.perf_counter() - t0, 1)
     with open(out / "report.json", "w") as f:
         json.dump(report, f, indent=1)

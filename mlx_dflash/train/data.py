@@ -4,8 +4,8 @@ Prompt set (no download): coding tasks synthesised from the signatures and
 docstrings of the Python standard library (`inspect` over a fixed module list),
 plus general instructions from templates x topics. The held-out split is chosen
 by a hash of the prompt text, so it does not depend on the Python version that
-built the set. The target then answers every prompt itself (greedy, batched
-with mlx_lm's `BatchGenerator`): the drafter learns the target's own outputs.
+built the set. The target then answers every prompt itself (greedy, batched in fixed
+shapes, `greedy_batch`): the drafter learns the target's own outputs.
 """
 
 import hashlib
@@ -17,7 +17,11 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
+import mlx.core as mx
 import numpy as np
+from mlx_lm.models.cache import KVCache
+
+from ..cache import PaddedBatchKVCache
 
 STDLIB_MODULES = (
     "abc argparse array ast asyncio base64 binascii bisect bz2 calendar cmath "
@@ -224,7 +228,7 @@ class Dataset:
 
 
 def generate_responses(
-    model,
+    target,
     prompts: Sequence[Sequence[int]],
     *,
     stop_tokens: Sequence[int],
@@ -232,43 +236,144 @@ def generate_responses(
     batch_size: int = 256,
     time_budget: Optional[float] = None,
     min_response: int = 8,
+    seed: int = 0,
     progress: Optional[Callable[[int, int, int, float], None]] = None,
 ) -> Dataset:
     """Greedy, batched self-distillation: the target answers every prompt.
 
-    The stop token is kept at the end of a finished response (the drafter must
-    learn to predict it). With `time_budget` (seconds), generation stops then and
-    unfinished responses of at least `min_response` tokens are kept as they are.
+    Prompts are sorted by length into batches of `batch_size` (little padding)
+    and the batches run in a seeded random order, so a `time_budget` cut drops
+    a random share rather than the longest prompts. The stop token is kept at
+    the end of a finished response (the drafter must learn to predict it).
+    When the budget (seconds) runs out, unfinished responses of at least
+    `min_response` tokens are kept as they are.
+
+    Args:
+        target: a `Target`. Attention-only models decode in fixed shapes
+          (`greedy_batch`); others fall back to mlx_lm's `BatchGenerator`.
+        progress: called after each batch with (prompts done, total, response
+          tokens, seconds).
     """
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    random.Random(seed).shuffle(batches)
+    fixed = all(type(c) is KVCache for c in target.make_cache(bucket=False))
+    seqs, plens, done, n_tok, t0 = [], [], 0, 0, time.perf_counter()
+    for batch in batches:
+        left = None if time_budget is None else time_budget - (time.perf_counter() - t0)
+        if left is not None and left <= 0:
+            break
+        rows = [list(prompts[i]) for i in batch]
+        gen = greedy_batch if fixed else _batch_generator
+        outs = gen(
+            target,
+            rows,
+            stop_tokens=stop_tokens,
+            max_tokens=max_tokens,
+            time_budget=left,
+        )
+        for p, out in zip(rows, outs):
+            if len(out) >= min_response:
+                seqs.append(p + out)
+                plens.append(len(p))
+            n_tok += len(out)
+        done += len(batch)
+        if progress is not None:
+            progress(done, len(prompts), n_tok, time.perf_counter() - t0)
+    return Dataset.from_lists(seqs, plens)
+
+
+def greedy_batch(
+    target,
+    prompts: Sequence[Sequence[int]],
+    *,
+    stop_tokens: Sequence[int],
+    max_tokens: int,
+    time_budget: Optional[float] = None,
+    pad_multiple: int = 32,
+    min_rows: int = 8,
+) -> List[List[int]]:
+    """Greedy continuations of `prompts`, decoded together in fixed shapes.
+
+    Prompts are left-padded to one length and every layer gets a
+    `PaddedBatchKVCache` sized for prompt + `max_tokens` (a 256-multiple), so
+    each decode step has the same shapes; per-row RoPE offsets and the mask make
+    padding invisible (each row equals its own unbatched greedy run). Rows stop
+    at a stop token (kept) or `max_tokens`. When at most half the rows are
+    still running, the batch shrinks to a power of two: a few shapes in all.
+    """
+    R = len(prompts)
+    lens = np.array([len(p) for p in prompts])
+    P = -(-int(lens.max()) // pad_multiple) * pad_multiple
+    capacity = -(-(P + max_tokens) // 256) * 256
+    tokens = np.zeros((R, P), dtype=np.int32)
+    for r, p in enumerate(prompts):
+        tokens[r, P - len(p) :] = p
+    pad = mx.array(P - lens, dtype=mx.int32)
+    cache = [PaddedBatchKVCache(pad, capacity) for _ in target.layers]
+
+    def step(x):
+        logits, _ = target.forward(x, cache, last_only=True)
+        return mx.argmax(logits[:, -1], axis=-1)
+
+    deadline = None if time_budget is None else time.perf_counter() + time_budget
+    stops = np.asarray(list(stop_tokens), dtype=np.int64)
+    out = np.zeros((R, max_tokens), dtype=np.int64)
+    length = np.zeros(R, dtype=np.int64)  # 0 while a row runs
+    slots = np.arange(R)  # the prompt each batch row decodes
+    y = step(mx.array(tokens))
+    mx.async_eval(y)
+    for t in range(max_tokens):
+        # Queue step t+1 before reading step t: the host waits once per step.
+        nxt = step(y[:, None]) if t + 1 < max_tokens else None
+        if nxt is not None:
+            mx.async_eval(nxt)
+        tok = np.array(y)
+        live = length[slots] == 0
+        rows = slots[live]
+        out[rows, t] = tok[live]
+        length[rows[np.isin(tok[live], stops)]] = t + 1
+        running = length[slots] == 0
+        if not running.any() or nxt is None:
+            break
+        if deadline is not None and time.perf_counter() > deadline:
+            break
+        if running.sum() <= len(slots) // 2 and len(slots) > min_rows:
+            # Fill up to a power of two with finished rows (their output is ignored).
+            keep = np.flatnonzero(running)
+            size = max(min_rows, 1 << int(len(keep) - 1).bit_length())
+            keep = np.concatenate([keep, np.flatnonzero(~running)[: size - len(keep)]])
+            idx = mx.array(keep)
+            for c in cache:
+                c.filter(idx)
+            nxt, slots = nxt[idx], slots[keep]
+        y = nxt
+    length[length == 0] = t + 1
+    return [out[r, : length[r]].tolist() for r in range(R)]
+
+
+def _batch_generator(
+    target, prompts, *, stop_tokens, max_tokens, time_budget=None
+) -> List[List[int]]:
+    """mlx_lm's `BatchGenerator`, for models whose caches are not plain KV caches."""
     from mlx_lm.generate import BatchGenerator
 
     gen = BatchGenerator(
-        model,
+        target.model,
         max_tokens=max_tokens,
         stop_tokens=[[int(t)] for t in stop_tokens],
-        completion_batch_size=batch_size,
-        prefill_batch_size=min(batch_size, 64),
+        completion_batch_size=len(prompts),
+        prefill_batch_size=min(len(prompts), 64),
     )
     uids = gen.insert([list(p) for p in prompts], [max_tokens] * len(prompts))
     out = {u: [] for u in uids}
-    done, n_tok, t0 = 0, 0, time.perf_counter()
+    t0 = time.perf_counter()
     try:
         while responses := gen.next_generated():
             for r in responses:
                 out[r.uid].append(int(r.token))
-                n_tok += 1
-                if r.finish_reason is not None:
-                    done += 1
-            elapsed = time.perf_counter() - t0
-            if progress is not None:
-                progress(done, len(prompts), n_tok, elapsed)
-            if time_budget is not None and elapsed > time_budget:
+            if time_budget is not None and time.perf_counter() - t0 > time_budget:
                 break
     finally:
         gen.close()
-    seqs, plens = [], []
-    for u, p in zip(uids, prompts):
-        if len(out[u]) >= min_response:
-            seqs.append(list(p) + out[u])
-            plens.append(len(p))
-    return Dataset.from_lists(seqs, plens)
+    return [out[u] for u in uids]

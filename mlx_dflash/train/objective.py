@@ -3,9 +3,10 @@
 Every anchor p (a response position) makes a block `[token p, MASK x (B-1)]` at
 positions p .. p+B-1. Its queries see the context K/V of positions < p (from the
 target's features, as the draft cache would hold them at inference), the K/V of
-their own block, and nothing else. All blocks of a sequence run in one attention
-call with one boolean mask, reusing the `DFlashDraft` submodules unchanged, so a
-single-anchor forward equals `draft.append_context` + `draft(...)` (tested).
+their own block, and nothing else. All blocks of a sequence run in one batched
+attention over [context ; own block] keys with one boolean mask, reusing the
+`DFlashDraft` submodules unchanged, so a single-anchor forward equals
+`draft.append_context` + `draft(...)` (tested).
 """
 
 import math
@@ -41,61 +42,73 @@ def block_attention_mask(
     causal: bool = False,
     window: Optional[int] = None,
 ) -> mx.array:
-    """Boolean visibility (N, 1, A*B, ctx_len + A*B) of [context ; all blocks] keys.
+    """Boolean visibility (N, A*B, ctx_len + B) of [context ; own block] keys.
 
     Row (a, j) is query j of the block anchored at anchors[:, a]. It sees context
-    key s iff s < anchor, and block key (a', j') iff a' == a. `causal`/`window`
-    add the same restrictions as the inference mask (`draft.block_mask`).
+    key s iff s < anchor, and key j' of its own block; other blocks are not keys
+    at all (`_attention` never scores them). `causal`/`window` add the same
+    restrictions as the inference mask (`draft.block_mask`).
     """
     N, A = anchors.shape
     B = block_size
-    idx = mx.arange(A * B)
-    qa, qj = idx // B, idx % B
-    q_anchor = anchors[:, qa]  # (N, AB)
-    qpos = q_anchor + qj
-    s = mx.arange(ctx_len)
-    ctx_vis = s[None, None, :] < q_anchor[:, :, None]  # (N, AB, S)
-    blk_vis = mx.broadcast_to((qa[:, None] == qa[None, :])[None], (N, A * B, A * B))
-    if causal or window is not None:
-        kpos_ctx = mx.broadcast_to(s[None, None, :], ctx_vis.shape)
-        kpos_blk = mx.broadcast_to(qpos[:, None, :], blk_vis.shape)
-        q = qpos[:, :, None]
-        for name, kpos in (("ctx", kpos_ctx), ("blk", kpos_blk)):
-            vis = mx.ones(kpos.shape, dtype=mx.bool_)
-            if causal:
-                vis = vis & (kpos <= q)
-            if window is not None:
-                vis = vis & (q - kpos < window)
-                if not causal:
-                    vis = vis & (kpos - q < window)
-            if name == "ctx":
-                ctx_vis = ctx_vis & vis
-            else:
-                blk_vis = blk_vis & vis
-    return mx.concatenate([ctx_vis, blk_vis], axis=-1)[:, None]
+    q_anchor = mx.repeat(anchors, B, axis=1)  # (N, AB)
+    qpos = q_anchor + mx.tile(mx.arange(B), A)
+    kpos = mx.concatenate(
+        [
+            mx.broadcast_to(mx.arange(ctx_len), (N, A * B, ctx_len)),
+            q_anchor[:, :, None] + mx.arange(B),
+        ],
+        axis=-1,
+    )
+    vis = mx.concatenate(
+        [
+            mx.arange(ctx_len) < q_anchor[:, :, None],
+            mx.ones((N, A * B, B), dtype=mx.bool_),
+        ],
+        axis=-1,
+    )
+    q = qpos[:, :, None]
+    if causal:
+        vis = vis & (kpos <= q)
+    if window is not None:
+        vis = vis & (q - kpos < window)
+        if not causal:
+            vis = vis & (kpos - q < window)
+    return vis
 
 
 def _attention(attn, x, ctx, anchors, mask):
-    """One DraftAttention over all blocks; x: (N, A*B, H), ctx: (N, S, H)."""
+    """One DraftAttention over all blocks; x: (N, A*B, H), ctx: (N, S, H).
+
+    Each query scores the S context keys and the B keys of its own block only,
+    not all A*B block keys that one dense masked call would score.
+    """
     N, AB, H = x.shape
     A = anchors.shape[1]
-    B = AB // A
-    offsets = anchors.reshape(-1)
+    B, S = AB // A, ctx.shape[1]
+    kvh = attn.n_kv_heads
+    rep = attn.n_heads // kvh
     xb = x.reshape(N * A, B, H)
+    offsets = anchors.reshape(-1)
     q = attn.q_norm(attn.q_proj(xb).reshape(N * A, B, attn.n_heads, -1))
     q = attn.rope(q.transpose(0, 2, 1, 3), offset=offsets)  # (NA, h, B, d)
     kb, vb = attn.kv(xb, offsets)  # (NA, kvh, B, d)
     kc, vc = attn.kv(ctx, 0)  # (N, kvh, S, d)
-
-    def blocks(t):  # (NA, h, B, d) -> (N, h, A*B, d)
-        h, d = t.shape[1], t.shape[3]
-        return t.reshape(N, A, h, B, d).transpose(0, 2, 1, 3, 4).reshape(N, h, AB, d)
-
-    q, kb, vb = blocks(q), blocks(kb), blocks(vb)
-    k = mx.concatenate([kc.astype(kb.dtype), kb], axis=2)
-    v = mx.concatenate([vc.astype(vb.dtype), vb], axis=2)
-    out = mx.fast.scaled_dot_product_attention(q, k, v, scale=attn.scale, mask=mask)
-    return attn.o_proj(out.transpose(0, 2, 1, 3).reshape(N, AB, -1))
+    d = q.shape[-1]
+    # Query head i reads kv head i // rep (as sdpa's GQA): group them.
+    q = q.reshape(N, A, kvh, rep, B, d).transpose(0, 2, 3, 1, 4, 5) * attn.scale
+    kb = kb.reshape(N, A, kvh, 1, B, d).transpose(0, 2, 3, 1, 4, 5)
+    vb = vb.reshape(N, A, kvh, 1, B, d).transpose(0, 2, 3, 1, 4, 5)
+    s_ctx = q.reshape(N, kvh, rep, AB, d) @ kc[:, :, None].swapaxes(-1, -2)
+    s_blk = (q @ kb.swapaxes(-1, -2)).reshape(N, kvh, rep, AB, B)
+    scores = mx.concatenate([s_ctx, s_blk.astype(s_ctx.dtype)], axis=-1)
+    scores = mx.where(mask[:, None, None], scores, -mx.inf)
+    p = mx.softmax(scores, axis=-1, precise=True)
+    out = p[..., :S] @ vc[:, :, None].astype(p.dtype)
+    blk = p[..., S:].reshape(N, kvh, rep, A, B, B) @ vb.astype(p.dtype)
+    out = out + blk.reshape(N, kvh, rep, AB, d)
+    out = out.reshape(N, kvh * rep, AB, d).transpose(0, 2, 1, 3).astype(x.dtype)
+    return attn.o_proj(out.reshape(N, AB, -1))
 
 
 def draft_blocks_forward(
@@ -166,6 +179,8 @@ def block_loss(
     anchor_valid: mx.array,
     *,
     gamma: float,
+    rows: Optional[mx.array] = None,
+    head=None,
 ):
     """Position-weighted cross-entropy of all blocks, plus accuracy statistics.
 
@@ -174,20 +189,36 @@ def block_loss(
         lengths: (N,) true lengths; labels at or past a length do not count.
         features: (N, S, k*H) target features (no gradient flows into the target).
         anchors, anchor_valid: (N, A) positions and which of them are real.
+        rows: flat indices into the (N, A, B-1) labels of those that count
+          (`label_rows`), -1 for padding. Only these rows go through the head,
+          the step's largest matmul; None scores every row.
+        head: the frozen output head (default `target.head`; see `dense_head`).
 
     Returns `(loss, stats)`: stats holds per-position correct counts, the count
     of valid labels, and the summed accepted length (for a tau estimate).
     """
     B = draft.args.block_size
+    head = head or target.head
     ids, labels, pos = make_blocks(tokens, anchors, B, draft.args.mask_token_id)
     embeds = mx.stop_gradient(target.embed(ids))
     h = draft_blocks_forward(draft, embeds, mx.stop_gradient(features), anchors)
-    logits = target.head(h[:, :, 1:]).astype(mx.float32)  # (N, A, B-1, V)
     valid = (pos < lengths[:, None, None]) & anchor_valid[:, :, None]
-    w = position_weights(B, gamma) * valid
+    w = position_weights(B, gamma) * valid  # (N, A, B-1)
+    h, labels, w = (
+        h[:, :, 1:].reshape(-1, h.shape[-1]),
+        labels.reshape(-1),
+        w.reshape(-1),
+    )
+    if rows is not None:
+        sel = mx.maximum(rows, 0)
+        h, labels, w = h[sel], labels[sel], w[sel] * (rows >= 0)
+    logits = head(h).astype(mx.float32)  # (rows, V)
     ce = nn.losses.cross_entropy(logits, labels, reduction="none")
     loss = (ce * w).sum() / mx.maximum(w.sum(), 1e-6)
-    correct = (mx.argmax(logits, axis=-1) == labels) & valid
+    correct = (mx.argmax(logits, axis=-1) == labels) & (w > 0)
+    if rows is not None:
+        correct = mx.zeros(valid.size, mx.int32).at[sel].add(correct) > 0
+    correct = correct.reshape(valid.shape)
     # Accepted length of a block: leading run of correct predictions, + 1 bonus.
     run = mx.cumprod(correct.astype(mx.int32), axis=-1).sum(-1)
     stats = {
@@ -197,6 +228,56 @@ def block_loss(
         "blocks": anchor_valid.sum(),
     }
     return loss, stats
+
+
+def label_rows(
+    anchors: np.ndarray, counts: np.ndarray, lengths: np.ndarray, block_size: int
+) -> np.ndarray:
+    """Flat indices of the labels that count in `block_loss`, padded with -1 to
+    a multiple of 256 (few distinct shapes).
+
+    Args:
+        anchors: (N, A) positions; row n uses its first counts[n].
+        lengths: (N,) sequence lengths (a label at or past it does not count).
+    """
+    N, A = anchors.shape
+    k = np.arange(1, block_size)
+    ok = (np.arange(A)[None, :, None] < counts[:, None, None]) & (
+        anchors[:, :, None] + k < lengths[:, None, None]
+    )
+    rows = np.flatnonzero(ok.reshape(-1)).astype(np.int32)
+    size = max(256, -(-len(rows) // 256) * 256)
+    return np.concatenate([rows, np.full(size - len(rows), -1, np.int32)])
+
+
+def dense_head(target, dtype: mx.Dtype):
+    """The target's frozen output head as one dense matrix in `dtype`.
+
+    A quantized head (the GGUF target's 8-bit tied embedding) is dequantized
+    once, so each training step runs a plain matmul over its many block rows
+    instead of a quantized one; the weights are the same, and never trained.
+    """
+    module = getattr(target.head, "__self__", target.head)  # tied: embed.as_linear
+    w = module.weight
+    if hasattr(module, "scales"):
+        extra = {"mode": module.mode} if hasattr(module, "mode") else {}
+        w = mx.dequantize(
+            w,
+            module.scales,
+            module.get("biases"),
+            group_size=module.group_size,
+            bits=module.bits,
+            **extra,
+        )
+    w = w.astype(dtype)
+    bias = module.get("bias") if hasattr(module, "get") else None
+    mx.eval(w)
+
+    def head(x):
+        y = x.astype(dtype) @ w.T
+        return y if bias is None else y + bias.astype(dtype)
+
+    return head
 
 
 def target_features(target, tokens: mx.array) -> mx.array:

@@ -23,7 +23,14 @@ from ..draft import (
     save_draft,
 )
 from .data import Dataset
-from .objective import block_loss, default_gamma, sample_anchors, target_features
+from .objective import (
+    block_loss,
+    default_gamma,
+    dense_head,
+    label_rows,
+    sample_anchors,
+    target_features,
+)
 
 
 @dataclass
@@ -52,7 +59,17 @@ class TrainArgs:
     )
     time_budget: Optional[float] = field(
         default=None,
-        metadata={"help": "seconds; the step count shrinks to fit after step 30"},
+        metadata={
+            "help": "seconds of training in all, --resume calls included; the "
+            "step count shrinks to fit after step 30 of each call"
+        },
+    )
+    stop_seconds: Optional[float] = field(
+        default=None,
+        metadata={
+            "help": "end this call after this many seconds of training "
+            "(checkpointed; continue with --resume)"
+        },
     )
 
 
@@ -113,7 +130,8 @@ def schedule(args: TrainArgs, total: List[int]):
 def make_batch(
     data: Dataset, idx: Sequence[int], args: TrainArgs, rng: np.random.Generator
 ):
-    """Right-padded tokens, lengths, anchors and their validity for `idx`."""
+    """Right-padded tokens, lengths, anchors, their validity and the label rows
+    that count (`label_rows`) for `idx`."""
     seqs = [data.sequence(i)[: args.max_len] for i in idx]
     S = max(len(s) for s in seqs)
     S = -(-S // 64) * 64  # few distinct shapes: fewer kernel compiles on GPU
@@ -131,36 +149,48 @@ def make_batch(
         anc[n, : len(a)] = a
         val[n, : len(a)] = True
     lengths = np.array([len(s) for s in seqs], dtype=np.int32)
-    return mx.array(tok), mx.array(lengths), mx.array(anc), mx.array(val)
+    counts = np.array([len(a) for a in anchors])
+    rows = label_rows(anc, counts, lengths, args.block_size)
+    return (
+        mx.array(tok),
+        mx.array(lengths),
+        mx.array(anc),
+        mx.array(val),
+        mx.array(rows),
+    )
 
 
-def _save_state(
-    out: Path, draft, opt, step: int, rng: np.random.Generator, args: TrainArgs, total
-):
+def _save_state(out: Path, draft, opt, state: dict):
+    """The drafter (z-lab format, usable mid-run) plus what resuming needs:
+    fp32 weights, optimizer state, step, schedule, data order and rng."""
     save_draft(draft, out)
-    state = dict(tree_flatten(opt.state))
     # In a subdirectory: load_draft reads every *.safetensors file in `out`.
     (out / "train_state").mkdir(exist_ok=True)
-    mx.save_safetensors(str(out / "train_state" / "optimizer.safetensors"), state)
+    weights = {k: v.astype(mx.float32) for k, v in tree_flatten(draft.parameters())}
+    mx.save_safetensors(str(out / "train_state" / "draft.safetensors"), weights)
+    mx.save_safetensors(
+        str(out / "train_state" / "optimizer.safetensors"),
+        dict(tree_flatten(opt.state)),
+    )
     with open(out / "train_state" / "trainer_state.json", "w") as f:
-        json.dump(
-            {
-                "step": step,
-                "total_steps": total[0],
-                "rng": rng.bit_generator.state,
-                "args": asdict(args),
-            },
-            f,
-        )
+        json.dump(state, f)
 
 
-def _load_state(out: Path, opt):
+def _load_state(out: Path, draft, opt):
     with open(out / "train_state" / "trainer_state.json") as f:
         st = json.load(f)
+    draft.load_weights(str(out / "train_state" / "draft.safetensors"))
     opt.state = tree_unflatten(
         list(mx.load(str(out / "train_state" / "optimizer.safetensors")).items())
     )
     return st
+
+
+def train_finished(out) -> bool:
+    """Whether the checkpoint in `out` completed its schedule (vs. stopped early)."""
+    with open(Path(out) / "train_state" / "trainer_state.json") as f:
+        st = json.load(f)
+    return st["step"] >= st["total_steps"]
 
 
 class Progress:
@@ -211,89 +241,134 @@ def train(
     out = Path(out)
     gamma = args.gamma or default_gamma(args.block_size)
     total = [args.steps]
-    opt = optim.AdamW(
-        learning_rate=schedule(args, total), weight_decay=args.weight_decay
-    )
+    lr_at = schedule(args, total)
+    opt = optim.AdamW(learning_rate=lr_at, weight_decay=args.weight_decay)
     opt.init(draft.trainable_parameters())
     rng = np.random.default_rng(args.seed)
-    start = 0
+    order, pos = rng.permutation(len(data)), 0
+    start, prior_seconds = 0, 0.0
     if resume and (out / "train_state" / "trainer_state.json").is_file():
-        loaded = load_draft(out)
-        draft.update(loaded.parameters())
-        st = _load_state(out, opt)
+        st = _load_state(out, draft, opt)
         start, total[0] = st["step"], st["total_steps"]
         rng.bit_generator.state = st["rng"]
+        order, pos = np.array(st["order"]), st["pos"]
+        prior_seconds = st.get("seconds", 0.0)
         log(f"resumed from {out} at step {start}")
     target.set_capture_layers(draft.args.target_layer_ids)
     if len(data) == 0:
         raise ValueError("the training set is empty")
+    head = dense_head(target, draft.dtype)
 
-    def loss_fn(model, tok, lengths, feats, anc, val):
-        return block_loss(model, target, tok, lengths, feats, anc, val, gamma=gamma)
+    def loss_fn(model, tok, lengths, feats, anc, val, rows):
+        return block_loss(
+            model,
+            target,
+            tok,
+            lengths,
+            feats,
+            anc,
+            val,
+            gamma=gamma,
+            rows=rows,
+            head=head,
+        )
 
     grad_fn = nn.value_and_grad(draft, loss_fn)
 
-    def step_fn(tok, lengths, anc, val):
+    def step_fn(tok, lengths, anc, val, rows):
         feats = target_features(target, tok)
-        (loss, stats), grads = grad_fn(draft, tok, lengths, feats, anc, val)
+        (loss, stats), grads = grad_fn(draft, tok, lengths, feats, anc, val, rows)
         grads, norm = optim.clip_grad_norm(grads, args.grad_clip)
         opt.update(draft, grads)
         return loss, stats, norm
 
-    order = rng.permutation(len(data))
-    pos = (start * args.batch_size) % len(data)
-    prog = Progress(total[0])
-    history, acc = [], dict(loss=0.0, n=0, accepted=0, blocks=0, tokens=0)
-    t_last, t_start = time.perf_counter(), time.perf_counter()
-    step = start
-    while step < total[0]:
+    def next_batch():
+        nonlocal order, pos
         if pos + args.batch_size > len(order):
             order, pos = rng.permutation(len(data)), 0
         idx = order[pos : pos + args.batch_size]
         pos += args.batch_size
-        tok, lengths, anc, val = make_batch(data, idx, args, rng)
-        loss, stats, norm = step_fn(tok, lengths, anc, val)
-        mx.eval(loss, stats, draft.parameters(), opt.state)
-        step += 1
+        return make_batch(data, idx, args, rng)
+
+    prog = Progress(total[0])
+    history, acc = [], dict(loss=0.0, n=0, accepted=0, blocks=0, tokens=0)
+    t_start = time.perf_counter()
+    clock = dict(last=t_start, ten=t_start)
+
+    def read(step, loss, stats):
+        """Account one finished step: time-budget fit, progress line."""
         acc["loss"] += loss.item()
         acc["n"] += 1
         acc["accepted"] += stats["accepted"].item()
         acc["blocks"] += stats["blocks"].item()
         acc["tokens"] += int(stats["valid"].sum().item())
+        now = time.perf_counter()
         if step == start + 10:
-            t_ten = time.perf_counter()  # the first steps include kernel compiles
+            clock["ten"] = now  # the first steps include kernel compiles
         if step == start + 30 and args.time_budget:
-            per = (time.perf_counter() - t_ten) / 20
-            fit = step + int((args.time_budget - (time.perf_counter() - t_start)) / per)
+            per = (now - clock["ten"]) / 20
+            left = args.time_budget - prior_seconds - (now - t_start)
+            fit = step + int(left / per)
             if fit < total[0]:
                 total[0] = max(fit, step + 1)
                 log(f"time budget: {per * 1000:.0f} ms/step, training {total[0]} steps")
         if step % args.report_every == 0 or step == total[0]:
-            now = time.perf_counter()
             tau = 1 + acc["accepted"] / max(acc["blocks"], 1)
             rec = dict(step=step, loss=acc["loss"] / acc["n"], tau_est=tau)
             history.append(rec)
-            lr = (
-                opt.learning_rate.item()
-                if isinstance(opt.learning_rate, mx.array)
-                else 0.0
-            )
+            # From the schedule: the optimizer may already be a step ahead.
+            lr = lr_at(mx.array(step - 1)).item()
             prog.update(
                 step,
                 total[0],
                 loss=f"{rec['loss']:.3f}",
                 tau_est=f"{tau:.2f}",
                 lr=f"{lr:.1e}",
-                tok_s=f"{acc['tokens'] / (now - t_last):.0f}",
+                tok_s=f"{acc['tokens'] / (now - clock['last']):.0f}",
             )
-            acc = dict(loss=0.0, n=0, accepted=0, blocks=0, tokens=0)
-            t_last = now
-        if args.save_every and step % args.save_every == 0:
-            _save_state(out, draft, opt, step, rng, args, total)
+            acc.update(loss=0.0, n=0, accepted=0, blocks=0, tokens=0)
+            clock["last"] = now
+
+    def save(step):
+        _save_state(
+            out,
+            draft,
+            opt,
+            {
+                "step": step,
+                "total_steps": total[0],
+                "rng": rng.bit_generator.state,
+                "order": order.tolist(),
+                "pos": pos,
+                "seconds": prior_seconds + time.perf_counter() - t_start,
+                "args": asdict(args),
+            },
+        )
+
+    def stopping(step):
         if stop_after is not None and step >= stop_after:
-            break
+            return True
+        return bool(args.stop_seconds) and (
+            time.perf_counter() - t_start >= args.stop_seconds
+        )
+
+    step, pending = start, []
+    while step < total[0] and not stopping(step):
+        loss, stats, _ = step_fn(*next_batch())
+        mx.async_eval(loss, stats, draft.parameters(), opt.state)
+        step += 1
+        pending.append((step, loss, stats))
+        # Read the previous step while this one runs: the host builds the next
+        # graph instead of idling. A checkpoint waits for its own step.
+        saving = args.save_every and step % args.save_every == 0
+        while len(pending) > (0 if saving else 1):
+            read(*pending.pop(0))
+        if saving:
+            save(step)
+    for p in pending:
+        read(*p)
     prog.close()
-    _save_state(out, draft, opt, step, rng, args, total)
+    save(step)
     return history
 
 
@@ -315,8 +390,9 @@ def evaluate_tau(
     """
     from mlx_lm.generate import generate_step as mlx_generate_step
 
-    from ..decode import SpecStats, generate_step
+    from ..decode import generate_step
     from ..drafters import DFlashDrafter
+    from ..stats import SpecStats
 
     target.set_capture_layers(draft.args.target_layer_ids)
     stats = SpecStats(block_size)
