@@ -16,7 +16,7 @@ from typing import Optional
 import mlx.core as mx
 
 from . import device
-from .memory import available_memory, gb, meminfo_available
+from .memory import available_memory, gb
 from .registry import normalize, resolve_draft
 
 # fp32 1024x1024 matmul on MLX's CPU backend (DESIGN §4): the wheel's reference

@@ -9,7 +9,7 @@ so the draft never rolls back: it only appends committed context.
 """
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -200,6 +200,12 @@ def block_mask(L: int, start: int, cap: int, *, causal: bool, window: Optional[i
     kpos = mx.concatenate([mx.arange(cap), mx.arange(start, start + L)])[None]
     used = mx.concatenate([mx.arange(cap) < start, mx.ones((L,), dtype=mx.bool_)])[None]
     visible = mx.broadcast_to(used, (L, cap + L))
+    return restrict(visible, qpos, kpos, causal=causal, window=window)
+
+
+def restrict(visible, qpos, kpos, *, causal: bool, window: Optional[int]):
+    """Narrow a visibility mask to causal order and a sliding window (the
+    draft's `layer_types`); shared with the training objective."""
     if causal:
         visible = visible & (kpos <= qpos)
     if window is not None:

@@ -5,7 +5,7 @@ model *instance* (`backbone.layers[i] = Tap(layer)`), so the model's own
 forward loop runs unchanged and other instances are untouched.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence
 
 import mlx.core as mx

@@ -132,3 +132,24 @@ def save_tiny_model_dir(family: str, path, seed: int = 0):
     save_config(dict(CONFIGS[family]), path / "config.json")
     tiny_tokenizer_files(path)
     return model
+
+
+def save_tiny_shape_draft(path) -> str:
+    """A 1-layer random DFlash checkpoint for the bench's `tiny-qwen3` shape."""
+    from mlx_dflash.draft import DFlashDraft, DraftArgs, save_draft
+
+    mx.random.seed(0)
+    args = DraftArgs(
+        hidden_size=128,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        rms_norm_eps=1e-6,
+        vocab_size=1024,
+        target_layer_ids=[1, 2],
+        mask_token_id=1000,
+    )
+    save_draft(DFlashDraft(args), str(path))
+    return str(path)

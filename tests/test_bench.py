@@ -9,7 +9,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step as mlx_generate_step
 from mlx_lm.sample_utils import make_sampler
-from models import VOCAB, tiny_model
+from models import VOCAB, save_tiny_shape_draft, tiny_model
 
 from mlx_dflash.bench import cli, report
 from mlx_dflash.bench.cli import build_parser, sampling_settings
@@ -407,25 +407,7 @@ def test_cli_temperatures_end_to_end(tmp_path, capsys):
 
 def test_cli_quantized_drafts_and_fallback(tmp_path):
     """`DIR@q8`/`DIR@q4` arms quantize the checkpoint; `--fallback` keeps outputs exact."""
-    from mlx_dflash.draft import DFlashDraft, DraftArgs, save_draft
-
-    mx.random.seed(0)
-    draft = DFlashDraft(
-        DraftArgs(
-            hidden_size=128,
-            intermediate_size=128,
-            num_hidden_layers=1,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=32,
-            rms_norm_eps=1e-6,
-            vocab_size=1024,
-            target_layer_ids=[1, 2],
-            mask_token_id=1000,
-        )
-    )
-    d = str(tmp_path / "draft")
-    save_draft(draft, d)
+    d = save_tiny_shape_draft(tmp_path / "draft")
     cli.main(
         [
             "--shape",

@@ -6,7 +6,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx_lm.generate import generate_step as stock_generate_step
-from models import VOCAB, tiny_model
+from models import VOCAB, save_tiny_shape_draft, tiny_model
 
 from mlx_dflash.decode import generate_step
 from mlx_dflash.drafters import OracleDrafter
@@ -276,26 +276,12 @@ def test_bench_reports_time_per_mode(tmp_path):
     import json
 
     from mlx_dflash.bench import cli
-    from mlx_dflash.draft import DFlashDraft, DraftArgs, save_draft
 
-    mx.random.seed(0)
-    args = DraftArgs(
-        hidden_size=128,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        rms_norm_eps=1e-6,
-        vocab_size=1024,
-        target_layer_ids=[1, 2],
-        mask_token_id=1000,
-    )
-    save_draft(DFlashDraft(args), str(tmp_path / "draft"))
+    draft = save_tiny_shape_draft(tmp_path / "draft")
     out = str(tmp_path / "fb")
     # fmt: off
     cli.main([
-        "--shape", "tiny-qwen3", "--dtype", "float32", "--draft", str(tmp_path / "draft"),
+        "--shape", "tiny-qwen3", "--dtype", "float32", "--draft", draft,
         "--fallback", "--suites", "code", "--prompts-per-suite", "1",
         "--max-tokens", "24", "--repeats", "1", "--cooldown", "0", "--no-profile",
         "--no-png", "--out", out,

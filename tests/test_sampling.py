@@ -1,7 +1,5 @@
 """Speculative sampling is distributed exactly as sampling from the target alone."""
 
-import itertools
-
 import mlx.core as mx
 import numpy as np
 import pytest

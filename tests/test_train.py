@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from models import VOCAB, tiny_model
 
-from mlx_dflash.draft import DFlashDraft, DraftArgs, load_draft, save_draft
+from mlx_dflash.draft import load_draft
 from mlx_dflash.target import Target
 from mlx_dflash.train.data import (
     Dataset,

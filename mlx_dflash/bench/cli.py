@@ -174,7 +174,6 @@ def load(args):
         path = str(find_default_gguf())
     target, tokenizer = load_target(path, dtype=dtype)
     layers = args.draft_layers or 1
-    wdtype = target.layers[0].parameters()
     make = lambda: draft_for_target(
         target.model,
         target.num_layers,

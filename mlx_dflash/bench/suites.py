@@ -11,7 +11,7 @@ import random
 import sysconfig
 from importlib import resources
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 SUITES = ("code", "math", "chat", "copy_edit", "long_8k", "long_16k")
 

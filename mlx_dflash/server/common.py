@@ -2,12 +2,12 @@
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, List, Optional, Sequence, Union
+from typing import AsyncIterator, List, Optional, Sequence, Union
 
 from starlette.requests import Request
 
-from .engine import Engine, Event, Job, TokenLogprob
-from .output import REASONING, TOOL, parse_tool_calls, parser_for
+from .engine import Engine, Job, TokenLogprob
+from .output import REASONING, parse_tool_calls, parser_for
 from .prompt_cache import normalize_text
 
 

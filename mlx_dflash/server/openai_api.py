@@ -13,7 +13,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from .common import (
     APIError,
     Finish,
-    Part,
     check_length,
     check_model,
     encode_chat,

@@ -271,7 +271,7 @@ def main(argv=None):
     save_draft(draft, out)
     if not train_finished(out):
         print(
-            f"stopped before the end of the schedule (--stop-seconds): run the "
+            "stopped before the end of the schedule (--stop-seconds): run the "
             "same command with --resume to continue",
             file=sys.stderr,
         )

@@ -9,14 +9,13 @@ attention over [context ; own block] keys with one boolean mask, reusing the
 `draft.append_context` + `draft(...)` (tested).
 """
 
-import math
-from typing import Optional, Sequence
+from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from ..draft import DFlashDraft
+from ..draft import DFlashDraft, restrict
 
 
 def sample_anchors(
@@ -67,14 +66,7 @@ def block_attention_mask(
         ],
         axis=-1,
     )
-    q = qpos[:, :, None]
-    if causal:
-        vis = vis & (kpos <= q)
-    if window is not None:
-        vis = vis & (q - kpos < window)
-        if not causal:
-            vis = vis & (kpos - q < window)
-    return vis
+    return restrict(vis, qpos[:, :, None], kpos, causal=causal, window=window)
 
 
 def _attention(attn, x, ctx, anchors, mask):

@@ -19,7 +19,6 @@ from ..draft import (
     DFlashDraft,
     DraftArgs,
     default_target_layer_ids,
-    load_draft,
     save_draft,
 )
 from .data import Dataset
