@@ -121,17 +121,53 @@ def gated_delta_cuda(q, k, v, g, beta, state, step_states: bool = False):
     )
 
 
+# Verify blocks keep every step's state for rollback; longer forwards (prefill
+# chunks) keep only the final one.
+MAX_STEP_STATES = 64
+
+
+class StepStates:
+    """Plain holder (never a module parameter) of the per-step states of a
+    layer's last verify forward; `Target` gives one to each layer on CUDA."""
+
+    __slots__ = ("states",)
+
+    def __init__(self):
+        self.states = None
+
+
 def gated_delta(
-    q, k, v, a, b, A_log, dt_bias, state=None, mask=None, *, use_kernel=True
+    q,
+    k,
+    v,
+    a,
+    b,
+    A_log,
+    dt_bias,
+    state=None,
+    mask=None,
+    *,
+    use_kernel=True,
+    steps: Optional[StepStates] = None,
 ):
-    """`gated_delta_update` with a CUDA kernel for the unmasked, scalar-gated case."""
+    """`gated_delta_update` with a CUDA kernel for the unmasked, scalar-gated case.
+
+    With `steps`, a kernel run of 2 .. MAX_STEP_STATES steps (a verify block)
+    also leaves the state after every step in `steps.states`; otherwise None.
+    """
+    if steps is not None:
+        steps.states = None
     if state is None:
         B, _, _, Dk = q.shape
         state = mx.zeros((B, *v.shape[-2:], Dk), dtype=mx.float32)
     if use_kernel and cuda_applies(q, v, state, mask):
-        return gated_delta_cuda(
-            q, k, v, compute_g(A_log, a, dt_bias), mx.sigmoid(b), state
+        keep = steps is not None and 1 < q.shape[1] <= MAX_STEP_STATES
+        out = gated_delta_cuda(
+            q, k, v, compute_g(A_log, a, dt_bias), mx.sigmoid(b), state, keep
         )
+        if keep:
+            steps.states = out[2]
+        return out[0], out[1]
     return gated_delta_update(
         q, k, v, a, b, A_log, dt_bias, state, mask, use_kernel=use_kernel
     )
@@ -151,21 +187,6 @@ def recurrence_inputs(layer: GatedDeltaNet, conv_out: mx.array):
     ]
     q, k = normalize_qk(q, k, inv_scale=layer.head_k_dim**-0.5, eps=1e-6)
     return q, k, v
-
-
-# Verify blocks keep every step's state for rollback; longer forwards (prefill
-# chunks) keep only the final one.
-MAX_STEP_STATES = 64
-
-
-class StepStates:
-    """Plain holder (never a module parameter) of the per-step states of a
-    layer's last verify forward; `Target` gives one to each layer on CUDA."""
-
-    __slots__ = ("states",)
-
-    def __init__(self):
-        self.states = None
 
 
 class FastGatedDeltaNet(GatedDeltaNet):
@@ -203,33 +224,19 @@ class FastGatedDeltaNet(GatedDeltaNet):
 
         q, k, v = recurrence_inputs(self, conv_out)
         state = cache[1] if cache else None
-        steps = getattr(self, "step_states", None)
-        if steps is not None:
-            steps.states = None
-        if (
-            steps is not None
-            and state is not None
-            and 1 < S <= MAX_STEP_STATES
-            and not self.training
-            and cuda_applies(q, v, state, mask)
-        ):
-            g, beta = compute_g(self.A_log, a, self.dt_bias), mx.sigmoid(b)
-            out, state, steps.states = gated_delta_cuda(
-                q, k, v, g, beta, state, step_states=True
-            )
-        else:
-            out, state = gated_delta(
-                q,
-                k,
-                v,
-                a,
-                b,
-                self.A_log,
-                self.dt_bias,
-                state,
-                mask,
-                use_kernel=not self.training,
-            )
+        out, state = gated_delta(
+            q,
+            k,
+            v,
+            a,
+            b,
+            self.A_log,
+            self.dt_bias,
+            state,
+            mask,
+            use_kernel=not self.training,
+            steps=getattr(self, "step_states", None),  # set by Target on CUDA
+        )
         if cache is not None:
             cache[1] = state
             cache.advance(S)

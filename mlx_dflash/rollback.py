@@ -56,11 +56,10 @@ def _replay_delta(taps: DeltaTaps, c, state0: mx.array, n: int, verified: int):
 
     # The CUDA verify kernel kept the state after every step: pick, no replay.
     steps = getattr(la, "step_states", None)
-    if steps is not None and steps.states is not None:
-        if steps.states.shape[0] == verified:
-            c[1] = steps.states[n - 1]
-            steps.states = None
-            return
+    if steps is not None and steps.states is not None and len(steps.states) == verified:
+        c[1] = steps.states[n - 1]
+        steps.states = None
+        return
 
     q, k, v = recurrence_inputs(la, nn.silu(taps.conv._capture.outputs[:, :n]))
     a = taps.a._capture.outputs[:, :n]

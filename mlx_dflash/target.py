@@ -127,17 +127,14 @@ class Target:
         self._install_delta_taps()
         if flush_every is None:
             flush_every = 4 if mx.cuda.is_available() else 0
-        self._flush_taps = []
         every = (
-            list(range(flush_every - 1, self.num_layers, flush_every))
+            range(flush_every - 1, self.num_layers, flush_every)
             if flush_every > 0
-            else []
+            else ()
         )
-        for i in every:
-            if not isinstance(self.layers[i], Tap):
-                self.layers[i] = Tap(self.layers[i])
-            self.layers[i]._flush = True
-            self._flush_taps.append(self.layers[i])
+        self._flush_taps = [self._tap(i) for i in every]
+        for t in self._flush_taps:
+            t._flush = True
 
     # ---- structure -------------------------------------------------------------
 
@@ -158,11 +155,13 @@ class Target:
                     f"{self.num_layers}-layer target"
                 )
         self.capture_layers = list(ids)
-        self._layer_taps = []
-        for i in ids:
-            if not isinstance(self.layers[i], Tap):
-                self.layers[i] = Tap(self.layers[i])
-            self._layer_taps.append(self.layers[i])
+        self._layer_taps = [self._tap(i) for i in ids]
+
+    def _tap(self, i: int) -> Tap:
+        """Layer i's tap, wrapping the layer on first use (one tap per layer)."""
+        if not isinstance(self.layers[i], Tap):
+            self.layers[i] = Tap(self.layers[i])
+        return self.layers[i]
 
     def _install_delta_taps(self):
         for i, kind in enumerate(self.kinds):
