@@ -1,5 +1,6 @@
 """Trainer: objective against the inference path, mask, weights, steps, checkpoints."""
 
+import json
 import math
 
 import mlx.core as mx
@@ -10,6 +11,7 @@ from models import VOCAB, tiny_model
 from mlx_dflash.draft import load_draft
 from mlx_dflash.target import Target
 from mlx_dflash.train.data import (
+    HELD_OUT,
     Dataset,
     build_prompts,
     generate_responses,
@@ -278,6 +280,11 @@ def test_prompt_set_is_offline_and_split():
     assert len(train_p) > 5000 and 50 < len(held) < len(train_p) // 10
     assert not {p.text for p in train_p} & {p.text for p in held}
     assert {p.kind for p in train_p} == {"code", "general"}
+    # The same on every machine: the held-out list is shipped, no text carries an address.
+    assert [p.text for p in held] == [
+        p["text"] for p in json.loads(HELD_OUT.read_text())
+    ]
+    assert not any(" at 0x" in p.text for p in train_p + held)
 
 
 def test_cli_trains_then_eval_only_prints_tau(tmp_path, capsys):

@@ -2,19 +2,23 @@
 
 Prompt set (no download): coding tasks synthesised from the signatures and
 docstrings of the Python standard library (`inspect` over a fixed module list),
-plus general instructions from templates x topics. The held-out split is chosen
-by a hash of the prompt text, so it does not depend on the Python version that
-built the set. The target then answers every prompt itself (greedy, batched in fixed
+plus general instructions from templates x topics. The held-out prompts are a
+fixed list shipped with the package (`held_out.json`, drawn once by a hash of the
+prompt text), because the stdlib's docstrings differ between Python versions;
+training skips every prompt whose hash falls in the held-out share. The target then answers every prompt itself (greedy, batched in fixed
 shapes, `greedy_batch`): the drafter learns the target's own outputs.
 """
 
 import hashlib
 import importlib
 import inspect
+import json
 import random
+import re
 import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
 import mlx.core as mx
@@ -87,6 +91,7 @@ TOPICS = (
 ).split(", ")
 
 SYSTEM = None  # use the chat template's default system prompt
+HELD_OUT = Path(__file__).with_name("held_out.json")
 
 
 @dataclass
@@ -135,6 +140,8 @@ def stdlib_functions(modules: Sequence[str] = STDLIB_MODULES):
                     sig = str(inspect.signature(obj))
                 except (TypeError, ValueError):
                     sig = "(...)"
+                # Default values such as `<function f at 0x7f..>` differ per process.
+                sig = re.sub(r" at 0x[0-9a-f]+", "", sig)
                 if len(sig) > 120:
                     continue
                 seen.add(qual)
@@ -147,7 +154,9 @@ def build_prompts(*, seed: int = 0, held_out: float = 0.02):
 
     Every stdlib callable with a docstring gets every code template; every
     topic gets every general template (with a seeded partner topic for
-    comparisons). The split is by a hash of the text.
+    comparisons). Prompts whose text hashes into the `held_out` share, and the
+    shipped held-out prompts, never reach training; the held-out list is the
+    shipped one (the same on every machine).
     """
     rng = random.Random(seed)
     prompts = []
@@ -162,9 +171,13 @@ def build_prompts(*, seed: int = 0, held_out: float = 0.02):
             prompts.append(Prompt(tpl.format(topic=topic, other=other), "general"))
     prompts = sorted(set((p.text, p.kind) for p in prompts))
     rng.shuffle(prompts)
-    prompts = [Prompt(t, k) for t, k in prompts]
-    train = [p for p in prompts if not _held_out(p.text, held_out)]
-    test = [p for p in prompts if _held_out(p.text, held_out)]
+    test = [Prompt(**p) for p in json.loads(HELD_OUT.read_text())]
+    reserved = {p.text for p in test}
+    train = [
+        Prompt(t, k)
+        for t, k in prompts
+        if t not in reserved and not _held_out(t, held_out)
+    ]
     return train, test
 
 
