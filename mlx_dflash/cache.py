@@ -18,8 +18,13 @@ class BucketKVCache(KVCache):
     step = 256
     # Longer inputs (prefill chunks) get the exact keys and mlx_lm's "causal"
     # mask: the fused causal kernel, no (n x capacity) mask array; they are
-    # few, so their per-length compiles do not matter.
+    # few, so their per-length compiles do not matter. One-token inputs (plain
+    # steps) get exact keys and no mask, as stock decoding does: the one-query
+    # kernel takes any key length without a compile.
     max_bucketed = 64
+
+    def bucketed(self, n: int) -> bool:
+        return 1 < n <= self.max_bucketed
 
     def capacity_for(self, n: int) -> int:
         cap = 0 if self.keys is None else self.keys.shape[2]
@@ -40,7 +45,7 @@ class BucketKVCache(KVCache):
         self.keys[..., prev : prev + n, :] = keys
         self.values[..., prev : prev + n, :] = values
         self.offset += n
-        if n > self.max_bucketed:
+        if not self.bucketed(n):
             return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
         return self.keys, self.values
 
@@ -48,7 +53,7 @@ class BucketKVCache(KVCache):
         """Causal mask over the whole (padded) buffer the next update returns."""
         if window_size is not None:
             raise ValueError("BucketKVCache does not support sliding windows")
-        if N > self.max_bucketed:
+        if not self.bucketed(N):
             return super().make_mask(N, return_array=return_array, window_size=None)
         return bucket_mask(N, self.offset, self.capacity_for(N))
 

@@ -165,10 +165,63 @@ def generate_step(
             mx.async_eval(pending)
         return plain, draft, q, probe, k_accept
 
+    def plain_step(x: mx.array):
+        """One plain step on the (lazy) token `x`, queued on the device."""
+        nonlocal key
+        logits, features = target.forward(x.reshape(1, 1), cache)
+        logits = logits[0, -1]
+        if params.greedy:
+            t = mx.argmax(logits, axis=-1)
+        else:
+            key, k = mx.random.split(key)
+            t = mx.random.categorical(mx.log(probs(logits, params)), key=k)
+        t = t.astype(mx.uint32)
+        mx.async_eval(t)
+        return t, features
+
     tic = time.perf_counter()
     cycle = start_cycle(y, n_out)
     while True:
         plain, draft, q, probe, k_accept = cycle
+        # --- plain stretch: no decision until its probe step, so pipeline it
+        n_run = (
+            min(fb.plain_run, max_tokens - n_out) if plain and logprobs is None else 0
+        )
+        if n_run:
+            # mlx_lm's own loop: step t+1 is queued before step t's token is read.
+            emitted, feats = [], []
+            nxt, f = plain_step(mx.array(y, mx.uint32))
+            for i in range(n_run):
+                cur = nxt
+                feats.append(f)
+                if i + 1 < n_run:
+                    saved = snapshot(cache, target.delta_taps)
+                    nxt, f = plain_step(cur)
+                t = cur.item()
+                emitted.append(t)
+                last = t in stop or i + 1 == n_run
+                if last:  # account before the last yield: the caller may stop there
+                    if i + 1 < n_run:  # undo the step queued after the stop token
+                        rollback(cache, target.delta_taps, saved, verified=1, kept=0)
+                    drafter.commit(
+                        [y] + emitted[:-1],
+                        None if f is None else mx.concatenate(feats, axis=1),
+                    )
+                    now = time.perf_counter()
+                    stats.plain_tokens += len(emitted)
+                    stats.plain_seconds += now - tic
+                    fb.after_plain_run(len(emitted), now - tic)
+                    n_out += len(emitted)
+                    y = t
+                yield _out(t, False, None, 0, None)
+                if last:
+                    break
+            if y in stop or n_out >= max_tokens:
+                return
+            tic = time.perf_counter()
+            cycle = start_cycle(y, n_out)
+            continue
+
         verify_in = mx.concatenate([mx.array([y], dtype=mx.uint32), draft])
         saved = snapshot(cache, target.delta_taps)
         logits, features = target.forward(verify_in[None], cache, flush=True)

@@ -111,6 +111,18 @@ class FallbackState:
         """This plain step also drafts `probe - 1` tokens, to be checked."""
         return self.plain_left == 1
 
+    @property
+    def plain_run(self) -> int:
+        """Plain steps ahead that need no decision in between (the stretch up to
+        its probe step), which `decode` may run pipelined."""
+        return self.plain_left - 1 if self.shadow is None and self.plain_left > 1 else 0
+
+    def after_plain_run(self, tokens: int, seconds: float):
+        """`tokens` plain steps (at most `plain_run`) took `seconds` in all."""
+        assert 0 < tokens <= self.plain_run
+        self.plain_cost = _ema(self.plain_cost, seconds / tokens)
+        self.plain_left -= tokens
+
     def after_plain(
         self, seconds: float, token: int, probe: Optional[List[int]], stats: SpecStats
     ):

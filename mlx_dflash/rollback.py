@@ -36,7 +36,7 @@ def rollback(
     kept: int,
 ):
     """Make `cache` hold only the first `kept` of the `verified` positions."""
-    assert 0 < kept <= verified
+    assert 0 <= kept <= verified
     drop = verified - kept
     if drop == 0:
         return
@@ -56,9 +56,14 @@ def _replay_delta(taps: DeltaTaps, c, state0: mx.array, n: int, verified: int):
 
     # The CUDA verify kernel kept the state after every step: pick, no replay.
     steps = getattr(la, "step_states", None)
-    if steps is not None and steps.states is not None and len(steps.states) == verified:
-        c[1] = steps.states[n - 1]
+    kept_states = None if steps is None else steps.states
+    if steps is not None:
         steps.states = None
+    if n == 0:  # the whole pass is undone (a stop met inside a pipelined run)
+        c[1] = state0
+        return
+    if kept_states is not None and len(kept_states) == verified:
+        c[1] = kept_states[n - 1]
         return
 
     q, k, v = recurrence_inputs(la, nn.silu(taps.conv._capture.outputs[:, :n]))

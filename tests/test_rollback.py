@@ -55,3 +55,45 @@ def test_cache_after_partial_cycles(family, schedule, bucket):
     assert out == ref
     # Caches hold the prompt and every emitted token but the last.
     assert_same_cache(cache, autoregressive_cache(model, out[:-1]))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+@pytest.mark.parametrize("bucket", [False, True])
+def test_stop_inside_pipelined_plain_stretch(family, bucket):
+    """Plain stretches run pipelined (step t+1 queued before step t's token is
+    read); a stop token mid-stretch undoes the queued step, so the caches still
+    hold the prompt and every emitted token but the last."""
+    from mlx_dflash.fallback import Fallback
+    from mlx_dflash.stats import SpecStats
+
+    model = tiny_model(family)
+    ref = [t for t, _ in stock_generate_step(mx.array(PROMPT), model, max_tokens=40)]
+    # Every draft wrong: after one cycle the policy decodes plainly in
+    # stretches of 8, 16, ... (break_even fixed: deterministic decisions).
+    drafter = OracleDrafter(PROMPT + ref, vocab_size=VOCAB, schedule=[0] * 100)
+    fallback = Fallback(window=1, plain_tokens=8, break_even=2.0)
+    # A token first seen well inside the second stretch (not at its ends).
+    k = next(i for i in range(14, 40) if ref[i] not in ref[:i])
+    target, stats = Target(model), SpecStats(16)
+    cache = target.make_cache(bucket=bucket)
+    steps, forward = [], target.forward
+    target.forward = lambda x, c, **kw: steps.append(x.shape[1]) or forward(x, c, **kw)
+    out = [
+        t
+        for t, _ in generate_step(
+            target,
+            PROMPT,
+            drafter,
+            cache=cache,
+            max_tokens=40,
+            stop_tokens=[ref[k]],
+            fallback=fallback,
+            stats=stats,
+        )
+    ]
+    assert out == ref[: k + 1]
+    # One more plain forward than plain tokens: the step queued after the stop.
+    assert stats.plain_tokens >= 8 and steps.count(1) == stats.plain_tokens + 1
+    assert_same_cache(cache, autoregressive_cache(model, out[:-1]))
+    # The drafter saw every committed token: its context is whole.
+    assert drafter.length == len(PROMPT) + len(out) - 1
