@@ -16,5 +16,7 @@ b="python3 -m mlx_dflash.bench --block-size 16 --cooldown 0.2 --no-profile"
 $b --draft $d,$d@q8,$d@q4 --suites code --prompts-per-suite 1 --max-tokens 128 --repeats 3 \
   --out $out/h200-default-pair
 # Long-context agent transcript with the acceptance-collapse fallback.
-$b --draft $d --fallback --suites long_8k --prompts-per-suite 1 --max-tokens 128 --repeats 3 \
+$b --draft $d --fallback --suites long_8k --prompts-per-suite 1 --max-tokens 128 --repeats 5 \
   --out $out/h200-default-pair-long-fallback
+$b --draft $d --fallback --suites long_8k --prompts-per-suite 1 --max-tokens 1024 --repeats 5 \
+  --out $out/h200-default-pair-long-fallback-1024
