@@ -20,7 +20,7 @@ import mlx.core as mx
 from .drafters import Drafter
 from .fallback import Fallback, FallbackState
 from .rollback import rollback, snapshot
-from .sampling import SamplingParams, probs, speculative_accept
+from .sampling import SamplingParams, pick, probs, speculative_accept
 from .stats import SpecStats
 from .target import Target
 
@@ -124,10 +124,7 @@ def generate_step(
         target, cache, drafter, prompt, step_size=prefill_step_size, cached=cached
     )
     key, k = mx.random.split(key)
-    if params.greedy:
-        first = mx.argmax(logits, axis=-1)
-    else:
-        first = mx.random.categorical(mx.log(probs(logits, params)), key=k)
+    first = pick(logits, params, k)
     lp = _logprobs(logits, first, logprobs)
     mx.eval(first, lp)
     y = int(first.item())
@@ -169,13 +166,10 @@ def generate_step(
         """One plain step on the (lazy) token `x`, queued on the device."""
         nonlocal key
         logits, features = target.forward(x.reshape(1, 1), cache)
-        logits = logits[0, -1]
-        if params.greedy:
-            t = mx.argmax(logits, axis=-1)
-        else:
+        k = None
+        if not params.greedy:
             key, k = mx.random.split(key)
-            t = mx.random.categorical(mx.log(probs(logits, params)), key=k)
-        t = t.astype(mx.uint32)
+        t = pick(logits[0, -1], params, k).astype(mx.uint32)
         mx.async_eval(t)
         return t, features
 

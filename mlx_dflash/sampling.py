@@ -56,6 +56,14 @@ def probs(logits: mx.array, params: SamplingParams) -> mx.array:
     return mx.softmax(x / params.temperature, axis=-1)
 
 
+def pick(logits: mx.array, params: SamplingParams, key=None) -> mx.array:
+    """The target's own choice from `logits`: argmax when greedy, else a draw
+    from `probs` with `key` (as plain decoding would make it)."""
+    if params.greedy:
+        return mx.argmax(logits, axis=-1)
+    return mx.random.categorical(mx.log(probs(logits, params)), key=key)
+
+
 def sample_draft(
     logits: mx.array, params: SamplingParams, key
 ) -> Tuple[mx.array, mx.array]:
