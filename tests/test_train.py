@@ -285,6 +285,10 @@ def test_prompt_set_is_offline_and_split():
         p["text"] for p in json.loads(HELD_OUT.read_text())
     ]
     assert not any(" at 0x" in p.text for p in train_p + held)
+    # The wide set (default) contains the core set, whose draws it leaves alone.
+    core, held_core = build_prompts(wide=False)
+    assert held_core == held and 5000 < len(core) < len(train_p) / 3
+    assert {p.text for p in core} <= {p.text for p in train_p}
 
 
 def test_cli_trains_then_eval_only_prints_tau(tmp_path, capsys):
@@ -308,3 +312,50 @@ def test_cli_trains_then_eval_only_prints_tau(tmp_path, capsys):
     main(common + "--eval-only --eval-prompts 1 --eval-max-tokens 8".split())
     result = json.loads(capsys.readouterr().out)
     assert result["identical_to_greedy"] and result["tau"] >= 1.0
+
+
+def test_cli_sharded_extended_data_and_init(tmp_path):
+    """Shards of the generation, joined, equal one unsharded run; --extend answers
+    only what reused data lacks; --init starts from a drafter's weights."""
+    from mlx.utils import tree_flatten
+    from models import save_tiny_model_dir
+
+    from mlx_dflash.train.cli import main
+    from mlx_dflash.train.data import Dataset
+
+    model = tmp_path / "model"
+    save_tiny_model_dir("llama", model)
+
+    def run(out, *extra):
+        return main(
+            ["--model", str(model), "--out", str(tmp_path / out)]
+            + "--num-prompts 6 --max-new-tokens 12 --gen-batch 4 --gen-only".split()
+            + list(extra)
+        )
+
+    def seqs(out):
+        d = Dataset.load(tmp_path / out / "data.npz")
+        return sorted(tuple(d.sequence(i).tolist()) for i in range(len(d)))
+
+    run("all")
+    run("s0", "--gen-shard", "0/2")
+    run("s1", "--gen-shard", "1/2")
+    assert 0 < len(seqs("s0")) < len(seqs("all"))
+    data = [str(tmp_path / s / "data.npz") for s in ("s0", "s1", "s0")]
+    report = run("joined", "--data", *data)
+    assert "generate_seconds" not in report and seqs("joined") == seqs("all")
+    run("extended", "--data", data[0], "--extend")
+    assert seqs("extended") == seqs("all")
+
+    train = "--layers 1 --mask-token-id 95 --batch-size 2 --anchors 4 --warmup 1 "
+    train += "--save-every 0 --eval-prompts 0 --data " + data[0]
+    common = ["--model", str(model)]
+    main(common + ["--out", str(tmp_path / "d1")] + (train + " --steps 3").split())
+    main(
+        common
+        + ["--out", str(tmp_path / "d2"), "--init", str(tmp_path / "d1")]
+        + (train + " --steps 1 --lr 0").split()
+    )
+    a, b = (load_draft(tmp_path / d).parameters() for d in ("d1", "d2"))
+    for (_, x), (_, y) in zip(tree_flatten(a), tree_flatten(b)):
+        assert mx.array_equal(x, y)

@@ -58,7 +58,33 @@ def build_parser(parser=None):
         action="store_true",
         help="only print the held-out tau of the drafter in --out",
     )
-    p.add_argument("--data", default=None, help="reuse a data.npz from an earlier run")
+    p.add_argument(
+        "--data",
+        nargs="+",
+        default=None,
+        help="reuse data.npz files of earlier runs (joined; a prompt answered "
+        "twice counts once)",
+    )
+    p.add_argument(
+        "--extend",
+        action="store_true",
+        help="with --data: also answer the training prompts those files lack",
+    )
+    p.add_argument(
+        "--gen-shard",
+        default=None,
+        metavar="K/N",
+        help="answer only the K-th of N interleaved shares of the prompts to "
+        "answer (one process per GPU; join the results with --data)",
+    )
+    p.add_argument(
+        "--prompt-set",
+        default="wide",
+        choices=["core", "wide"],
+        help="core: module-level stdlib callables x 8 code templates + 100 topics "
+        "x 12 general templates (13.4k prompts); wide: adds class methods, more "
+        "modules, templates and topics (49.8k, contains core)",
+    )
     p.add_argument(
         "--num-prompts",
         type=int,
@@ -102,6 +128,13 @@ def build_parser(parser=None):
     )
     p.add_argument(
         "--resume", action="store_true", help="continue from DIR's checkpoint"
+    )
+    p.add_argument(
+        "--init",
+        default=None,
+        metavar="DRAFT_DIR",
+        help="start from this drafter's weights (fresh optimizer and schedule) "
+        "instead of a random initialisation",
     )
     for f in fields(TrainArgs):
         flag = "--" + f.name.replace("_", "-")
@@ -177,8 +210,45 @@ def eval_only(a):
     return result
 
 
+def _answer_missing(target, tokenizer, prompts, reused, a):
+    """`reused` plus the target's answers to the `prompts` it lacks (or this
+    process's `--gen-shard` share of them), and the seconds that took."""
+    from .data import Dataset, encode, generate_responses
+
+    have = reused.prompt_set()
+    ids = [
+        t for t in (encode(tokenizer, p.text) for p in prompts) if tuple(t) not in have
+    ]
+    if a.gen_shard:
+        k, n = (int(x) for x in a.gen_shard.split("/"))
+        if not 0 <= k < n:
+            raise SystemExit(f"error: --gen-shard {a.gen_shard}: need 0 <= K < N")
+        ids = ids[k::n]
+
+    def progress(done, n, tok, el):
+        print(
+            f"generate: {done}/{n} prompts, {tok} tokens, {el:.0f}s, "
+            f"{tok / max(el, 1e-9):.0f} tok/s",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    tg = time.perf_counter()
+    new = generate_responses(
+        target,
+        ids,
+        stop_tokens=sorted(tokenizer.eos_token_ids),
+        max_tokens=a.max_new_tokens,
+        batch_size=a.gen_batch,
+        time_budget=a.gen_time_budget,
+        seed=a.seed,
+        progress=progress,
+    )
+    return Dataset.join([reused, new]), round(time.perf_counter() - tg, 1)
+
+
 def main(argv=None):
-    from .data import Dataset, build_prompts, encode, generate_responses
+    from .data import Dataset, build_prompts
     from .trainer import init_draft, train, train_finished
 
     a = build_parser().parse_args(argv)
@@ -192,8 +262,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     target, tokenizer = load_target(a.model, a.dtype)
     vocab = target.embed_tokens.weight.shape[0]
-    stop = sorted(tokenizer.eos_token_ids)
-    train_prompts, _ = build_prompts(seed=targs.seed)
+    train_prompts, _ = build_prompts(seed=targs.seed, wide=a.prompt_set == "wide")
     if a.num_prompts:
         train_prompts = train_prompts[: a.num_prompts]
     report = {
@@ -201,33 +270,21 @@ def main(argv=None):
         + " ".join(sys.argv[1:] if argv is None else argv)
     }
 
-    data_path = Path(a.data) if a.data else out / "data.npz"
-    if data_path.is_file():
+    data_path = out / "data.npz"
+    if data_path.is_file():  # a resumed run
         data = Dataset.load(data_path)
         print(f"data: {len(data)} sequences from {data_path}", file=sys.stderr)
     else:
-        ids = [encode(tokenizer, p.text) for p in train_prompts]
-
-        def progress(done, n, tok, el):
+        reused = Dataset.join([Dataset.load(f) for f in a.data or []])
+        if a.data:
             print(
-                f"generate: {done}/{n} prompts, {tok} tokens, {el:.0f}s, "
-                f"{tok / max(el, 1e-9):.0f} tok/s",
+                f"data: {len(reused)} sequences from {' '.join(a.data)}",
                 file=sys.stderr,
-                flush=True,
             )
-
-        tg = time.perf_counter()
-        data = generate_responses(
-            target,
-            ids,
-            stop_tokens=stop,
-            max_tokens=a.max_new_tokens,
-            batch_size=a.gen_batch,
-            time_budget=a.gen_time_budget,
-            seed=targs.seed,
-            progress=progress,
-        )
-        report["generate_seconds"] = round(time.perf_counter() - tg, 1)
+        data = reused
+        if not a.data or a.extend:
+            data, seconds = _answer_missing(target, tokenizer, train_prompts, reused, a)
+            report["generate_seconds"] = seconds
         data.save(data_path)
     report.update(sequences=len(data), response_tokens=data.response_tokens())
     print(
@@ -237,10 +294,11 @@ def main(argv=None):
     if a.gen_only:
         return report
 
-    if a.resume and (out / "config.json").is_file():
+    if (a.resume and (out / "config.json").is_file()) or a.init:
         from ..draft import load_draft
 
-        draft = load_draft(out, target=target, dtype=mx.float32)
+        src = out if a.resume and (out / "config.json").is_file() else Path(a.init)
+        draft = load_draft(src, target=target, dtype=mx.float32)
     else:
         draft = init_draft(
             target,

@@ -43,6 +43,22 @@ STDLIB_MODULES = (
     "urllib.parse urllib.request xml.etree.ElementTree email.message http.client"
 ).split()
 
+# The wide set adds these modules, class methods and the extra templates/topics.
+MORE_STDLIB_MODULES = (
+    "builtins cProfile pstats code codeop compileall contextvars ctypes dbm doctest "
+    "email.utils errno faulthandler gc getpass importlib importlib.metadata "
+    "importlib.resources mmap modulefinder multiprocessing netrc opcode pdb "
+    "poplib posixpath py_compile pyclbr pydoc runpy select site socketserver ssl "
+    "stat symtable sys sysconfig unittest unittest.mock venv wsgiref "
+    "wsgiref.simple_server xml.dom.minidom xml.sax xml.sax.saxutils xmlrpc.client "
+    "xmlrpc.server zipapp zipimport zoneinfo http.server http.cookies "
+    "http.cookiejar email.mime.text email.parser email.policy html.parser "
+    "concurrent.futures.thread asyncio.subprocess asyncio.queues asyncio.locks "
+    "asyncio.tasks asyncio.streams logging.config multiprocessing.pool "
+    "multiprocessing.shared_memory sqlite3.dbapi2 urllib.error urllib.robotparser"
+).split()
+
+# Every stdlib callable gets all of these.
 CODE_TEMPLATES = (
     "Write a Python function `{name}{sig}` that does the following: {doc}",
     "Implement `{qual}{sig}` from scratch in pure Python. Its documentation says: {doc}",
@@ -52,6 +68,18 @@ CODE_TEMPLATES = (
     "What are common mistakes when using `{qual}`? Give a corrected code example.",
     "Rewrite a simple version of `{qual}` in Python with type hints and a docstring. Reference: {doc}",
     "Write a command-line script that uses `{qual}`. Keep it short and add comments.",
+)
+
+# Each callable also gets `EXTRA_PER_CALLABLE` of these, drawn by the seed.
+EXTRA_CODE_TEMPLATES = (
+    "Describe each parameter of `{qual}{sig}` and what it returns. Its documentation says: {doc}",
+    "Write a small class that wraps `{qual}` and makes it easier to use, with an example.",
+    "How would you implement `{name}{sig}` in another language, say JavaScript? Reference: {doc}",
+    "I get an error when I call `{qual}`. What could be wrong, and how do I debug it?",
+    "Give three examples of calling `{qual}` with different arguments and show the output.",
+    "Write a docstring in Google style for `{name}{sig}`, which does this: {doc}",
+    "Refactor this idea into clean Python: a helper that uses `{qual}` and handles errors. Docs: {doc}",
+    "When should I use `{qual}` and when should I avoid it? Answer briefly with code.",
 )
 
 GENERAL_TEMPLATES = (
@@ -67,6 +95,21 @@ GENERAL_TEMPLATES = (
     "Compare {topic} with {other} in a short table and a conclusion.",
     "Answer as a teacher: why does {topic} matter in everyday life?",
     "Write a product description for something related to {topic}.",
+)
+
+MORE_GENERAL_TEMPLATES = (
+    "Write a short dialogue between two friends talking about {topic}.",
+    "Explain {topic} to a ten-year-old using an analogy.",
+    "Write a blog post outline about {topic} with five sections.",
+    "What are the most common misconceptions about {topic}?",
+    "Write a quiz of five multiple-choice questions about {topic}, with answers.",
+    "Describe a day in the life of someone who works with {topic}.",
+    "Write a persuasive paragraph arguing that everyone should learn about {topic}.",
+    "Give a step-by-step guide for getting started with {topic}.",
+    "Write a tweet thread of four tweets about {topic}.",
+    "How has {topic} changed in the last fifty years?",
+    "Write a poem of eight lines about {topic}.",
+    "Explain the connection between {topic} and {other}.",
 )
 
 TOPICS = (
@@ -90,6 +133,40 @@ TOPICS = (
     "libraries, museums, poetry, mythology, philosophy, ethics, democracy"
 ).split(", ")
 
+MORE_TOPICS = (
+    "the French Revolution, the Industrial Revolution, the Renaissance, "
+    "ancient Greece, the Silk Road, the Vikings, the Cold War, the moon landing, "
+    "the Great Wall of China, the pyramids, dinosaurs, evolution, cells, bacteria, "
+    "viruses, the immune system, the brain, memory, nutrition, vitamins, exercise, "
+    "stress, habits, motivation, procrastination, negotiation, personal finance, "
+    "investing, taxes, cryptocurrency, banking, insurance, real estate, "
+    "supply and demand, globalization, trade, unemployment, entrepreneurship, "
+    "solar panels, wind turbines, nuclear power, batteries, semiconductors, "
+    "quantum computing, robotics, 3D printing, virtual reality, self-driving cars, "
+    "drones, satellites, GPS, rockets, telescopes, microscopes, the periodic table, "
+    "chemical reactions, acids and bases, gravity, light, sound, heat, friction, "
+    "energy conservation, the speed of light, relativity, atoms, electrons, "
+    "operating systems, compilers, APIs, web browsers, HTML and CSS, JavaScript, "
+    "Python programming, Rust programming, SQL, regular expressions, testing software, "
+    "debugging, code review, technical debt, microservices, containers, "
+    "Linux, the command line, encryption, privacy, social media, email etiquette, "
+    "data visualization, spreadsheets, project management, agile development, "
+    "user experience design, accessibility, typography, color theory, architecture, "
+    "interior design, fashion, knitting, woodworking, pottery, cooking pasta, "
+    "making pizza, vegetarian cooking, spices, chocolate, cheese, wine, "
+    "fermentation, farming, soil, composting, houseplants, birds, butterflies, "
+    "whales, elephants, wolves, penguins, coral reefs, rainforests, glaciers, "
+    "the Arctic, islands, lakes, tides, hurricanes, tornadoes, rainbows, "
+    "clouds, seasons, time zones, calendars, maps, languages, grammar, "
+    "writing fiction, storytelling, comedy, theater, opera, classical music, "
+    "rock music, hip hop, dance, sculpture, comics, animation, podcasts, "
+    "journalism, advertising, negotiation at work, mentoring, parenting, "
+    "pets, volunteering, urban gardening, public transport, cycling in cities, "
+    "hiking, swimming, tennis, cricket, marathon training, mountain climbing, "
+    "sailing, fishing, astronomy for amateurs, stargazing, eclipses, comets"
+).split(", ")
+
+EXTRA_PER_CALLABLE = 2
 SYSTEM = None  # use the chat template's default system prompt
 HELD_OUT = Path(__file__).with_name("held_out.json")
 
@@ -115,9 +192,29 @@ def _first_doc_line(obj) -> Optional[str]:
     return para
 
 
-def stdlib_functions(modules: Sequence[str] = STDLIB_MODULES):
-    """(qualified name, name, signature, doc) of public stdlib callables."""
+def stdlib_functions(modules: Sequence[str] = STDLIB_MODULES, methods: bool = True):
+    """(qualified name, name, signature, doc) of public stdlib callables.
+
+    Module-level functions and classes, and with `methods` the public methods
+    that each class defines itself (`str.split`, `pathlib.Path.glob`, ...).
+    """
     out, seen = [], set()
+
+    def add(qual, name, obj):
+        doc = _first_doc_line(obj)
+        if doc is None or qual in seen:
+            return
+        try:
+            sig = str(inspect.signature(obj))
+        except (TypeError, ValueError):
+            sig = "(...)"
+        # Default values such as `<function f at 0x7f..>` differ per process.
+        sig = re.sub(r" at 0x[0-9a-f]+", "", sig)
+        if len(sig) > 120:
+            return
+        seen.add(qual)
+        out.append((qual, name, sig, doc))
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for modname in modules:
@@ -132,43 +229,53 @@ def stdlib_functions(modules: Sequence[str] = STDLIB_MODULES):
                     str(getattr(obj, "__module__", "")).lstrip("_") == modname
                 ):
                     continue
-                qual = f"{modname}.{name}"
-                doc = _first_doc_line(obj)
-                if doc is None or qual in seen:
+                add(f"{modname}.{name}", name, obj)
+                if not (methods and inspect.isclass(obj)):
                     continue
-                try:
-                    sig = str(inspect.signature(obj))
-                except (TypeError, ValueError):
-                    sig = "(...)"
-                # Default values such as `<function f at 0x7f..>` differ per process.
-                sig = re.sub(r" at 0x[0-9a-f]+", "", sig)
-                if len(sig) > 120:
-                    continue
-                seen.add(qual)
-                out.append((qual, name, sig, doc))
+                owner = "" if modname == "builtins" else f"{modname}."
+                for meth, fn in sorted(vars(obj).items()):
+                    if not meth.startswith("_") and callable(fn):
+                        add(f"{owner}{name}.{meth}", meth, getattr(obj, meth, fn))
     return out
 
 
-def build_prompts(*, seed: int = 0, held_out: float = 0.02):
+def build_prompts(*, seed: int = 0, held_out: float = 0.02, wide: bool = True):
     """The offline prompt set: `(train, held_out)` lists of `Prompt`.
 
-    Every stdlib callable with a docstring gets every code template; every
-    topic gets every general template (with a seeded partner topic for
-    comparisons). Prompts whose text hashes into the `held_out` share, and the
-    shipped held-out prompts, never reach training; the held-out list is the
-    shipped one (the same on every machine).
+    The core set: every callable of `STDLIB_MODULES` with a docstring gets
+    every code template; every topic gets every general template (with a seeded
+    partner topic for comparisons). The wide set (default) adds the methods of
+    classes, `MORE_STDLIB_MODULES`, `EXTRA_PER_CALLABLE` seeded extra code
+    templates per callable and more topics and templates; it contains the core
+    set. Prompts whose text hashes into the `held_out` share, and the shipped
+    held-out prompts, never reach training; the held-out list is the shipped
+    one (the same on every machine).
     """
-    rng = random.Random(seed)
+    rng, extra_rng = random.Random(seed), random.Random(seed + 1)
+    modules = STDLIB_MODULES + (MORE_STDLIB_MODULES if wide else [])
     prompts = []
-    for qual, name, sig, doc in stdlib_functions():
-        for tpl in CODE_TEMPLATES:
+    for qual, name, sig, doc in stdlib_functions(modules, methods=wide):
+        extra = (
+            extra_rng.sample(EXTRA_CODE_TEMPLATES, EXTRA_PER_CALLABLE) if wide else []
+        )
+        for tpl in CODE_TEMPLATES + tuple(extra):
             prompts.append(
                 Prompt(tpl.format(name=name, qual=qual, sig=sig, doc=doc), "code")
             )
-    for topic in TOPICS:
-        for tpl in GENERAL_TEMPLATES:
-            other = rng.choice([t for t in TOPICS if t != topic])
-            prompts.append(Prompt(tpl.format(topic=topic, other=other), "general"))
+
+    def general(topics, templates, pool, rng):
+        for topic in topics:
+            for tpl in templates:
+                other = rng.choice([t for t in pool if t != topic])
+                prompts.append(Prompt(tpl.format(topic=topic, other=other), "general"))
+
+    general(TOPICS, GENERAL_TEMPLATES, TOPICS, rng)  # the core set's draws first
+    if wide:
+        every = TOPICS + MORE_TOPICS
+        general(TOPICS, MORE_GENERAL_TEMPLATES, every, extra_rng)
+        general(
+            MORE_TOPICS, GENERAL_TEMPLATES + MORE_GENERAL_TEMPLATES, every, extra_rng
+        )
     prompts = sorted(set((p.text, p.kind) for p in prompts))
     rng.shuffle(prompts)
     test = [Prompt(**p) for p in json.loads(HELD_OUT.read_text())]
@@ -235,6 +342,27 @@ class Dataset:
     def load(cls, path):
         z = np.load(path)
         return cls(z["tokens"].astype(np.uint32), z["offsets"], z["prompt_lens"])
+
+    def prompt_set(self) -> set:
+        """The prompts answered, as token tuples."""
+        return {
+            tuple(self.tokens[o : o + n].tolist())
+            for o, n in zip(self.offsets[:-1], self.prompt_lens)
+        }
+
+    @classmethod
+    def join(cls, parts: Sequence["Dataset"]) -> "Dataset":
+        """The sequences of `parts` in order; a prompt answered twice counts once."""
+        seqs, plens, seen = [], [], set()
+        for d in parts:
+            for i in range(len(d)):
+                s, n = d.sequence(i), int(d.prompt_lens[i])
+                key = tuple(s[:n].tolist())
+                if key not in seen:
+                    seen.add(key)
+                    seqs.append(s)
+                    plens.append(n)
+        return cls.from_lists(seqs, plens)
 
     def response_tokens(self) -> int:
         return int((np.diff(self.offsets) - self.prompt_lens).sum())
