@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Train the shipped default drafter (mlx_dflash/default_draft) on one H200 with MLX's CUDA
-# backend: two calls of at most 9.5 minutes (CALL_SECONDS), back to back on one warm machine (the run
+# Stage 1 of the shipped default drafter (mlx_dflash/default_draft; stage 2 is
+# train_gpu_wide.sh): from scratch on the 'core' prompt set (13.4k prompts), on one H200 with MLX's
+# CUDA backend: two calls of at most 9.5 minutes (CALL_SECONDS), back to back on one warm machine (the run
 # directory under /tmp persists between them). From the repo root, after staging MLX CUDA
 # (shared/device/mlx-cuda/stage.sh) and copying the target GGUF to the machine:
 #
@@ -42,7 +43,7 @@ export PYTHONUNBUFFERED=1
 export MLX_ENABLE_TF32=${MLX_ENABLE_TF32:-1} # fp32 matmuls of the drafter on tensor cores
 
 common=(--model "$gguf" --out "$run" --seed 0)
-train=("${common[@]}" --dtype "$DTYPE" --max-new-tokens "${MAX_NEW:-256}"
+train=("${common[@]}" --prompt-set core --dtype "$DTYPE" --max-new-tokens "${MAX_NEW:-256}"
   --gen-batch "${GEN_BATCH:-1024}" --gen-time-budget "$GEN_SECONDS"
   --layers 3 --features 5 --batch-size "${BATCH:-16}" --anchors "${ANCHORS:-192}"
   --lr 5e-4 --warmup "${WARMUP:-200}" --steps "${STEPS:-100000}"
