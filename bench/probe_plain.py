@@ -9,6 +9,7 @@ median ms per token over `--tokens` greedy tokens after the first, for:
   loop+bucket      ... plus BucketKVCache (the cache DFlash uses on CUDA)
   dflash_plain     mlx-dflash's generate_step held in one plain stretch by the
                    fallback (one probe-block cycle first, excluded)
+  dflash_plain+stream  the same on a stream of its own, as mlx_lm decodes
 Variants run interleaved, `--reps` times, each after its own prefill.
 
     python bench/probe_plain.py [--context 8192] [--tokens 256] [--reps 3] [--blas auto]
@@ -88,6 +89,16 @@ def dflash_plain(target, drafter, prompt, n):
     return stats.plain_seconds / stats.plain_tokens
 
 
+_STREAM = []
+
+
+def on_new_stream(fn):
+    if not _STREAM:
+        _STREAM.append(mx.new_stream(mx.default_device()))
+    with mx.stream(_STREAM[0]):
+        return fn()
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--context", type=int, default=8192)
@@ -109,6 +120,10 @@ def main():
             target, prompt, a.tokens, capture=True, bucket=True
         ),
         "dflash_plain": lambda: dflash_plain(target, drafter, prompt, a.tokens),
+        # mlx_lm decodes on a stream of its own; we decode on the default one.
+        "dflash_plain+stream": lambda: on_new_stream(
+            lambda: dflash_plain(target, drafter, prompt, a.tokens)
+        ),
     }
     for k, f in runs.items():  # warm-up: kernels compiled, buffers allocated
         print(f"warm-up {k}: {1e3 * f():.3f} ms/token", file=sys.stderr, flush=True)
