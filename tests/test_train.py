@@ -357,5 +357,13 @@ def test_cli_sharded_extended_data_and_init(tmp_path):
         + (train + " --steps 1 --lr 0").split()
     )
     a, b = (load_draft(tmp_path / d).parameters() for d in ("d1", "d2"))
+    for bad, words in (
+        (["--gen-shard", "2/2"], "0 <= K < N"),
+        (["--gen-shard", "x"], "0 <= K < N"),
+        (["--data", str(tmp_path / "none.npz")], "no such file"),
+        (["--init", str(tmp_path)], "no config.json"),
+    ):
+        with pytest.raises(SystemExit, match=words):
+            main(common + ["--out", str(tmp_path / "bad")] + bad)
     for (_, x), (_, y) in zip(tree_flatten(a), tree_flatten(b)):
         assert mx.array_equal(x, y)

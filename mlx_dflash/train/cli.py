@@ -134,7 +134,7 @@ def build_parser(parser=None):
         default=None,
         metavar="DRAFT_DIR",
         help="start from this drafter's weights (fresh optimizer and schedule) "
-        "instead of a random initialisation",
+        "instead of a random initialisation; --resume of a checkpoint in DIR wins",
     )
     for f in fields(TrainArgs):
         flag = "--" + f.name.replace("_", "-")
@@ -220,9 +220,7 @@ def _answer_missing(target, tokenizer, prompts, reused, a):
         t for t in (encode(tokenizer, p.text) for p in prompts) if tuple(t) not in have
     ]
     if a.gen_shard:
-        k, n = (int(x) for x in a.gen_shard.split("/"))
-        if not 0 <= k < n:
-            raise SystemExit(f"error: --gen-shard {a.gen_shard}: need 0 <= K < N")
+        k, n = a.gen_shard
         ids = ids[k::n]
 
     def progress(done, n, tok, el):
@@ -247,6 +245,25 @@ def _answer_missing(target, tokenizer, prompts, reused, a):
     return Dataset.join([reused, new]), round(time.perf_counter() - tg, 1)
 
 
+def _check_inputs(a):
+    """Fail on bad arguments before the target is loaded."""
+    if a.gen_shard:
+        try:
+            k, n = (int(x) for x in a.gen_shard.split("/"))
+        except ValueError:
+            k, n = -1, 0
+        if not 0 <= k < n:
+            raise SystemExit(
+                f"error: --gen-shard {a.gen_shard}: need K/N with 0 <= K < N"
+            )
+        a.gen_shard = (k, n)
+    for f in a.data or []:
+        if not Path(f).is_file():
+            raise SystemExit(f"error: --data {f}: no such file")
+    if a.init and not (Path(a.init) / "config.json").is_file():
+        raise SystemExit(f"error: --init {a.init}: no config.json there")
+
+
 def main(argv=None):
     from .data import Dataset, build_prompts
     from .trainer import init_draft, train, train_finished
@@ -256,6 +273,7 @@ def main(argv=None):
         return eval_only(a)
     if a.out is None:
         raise SystemExit("error: --out is required (unless --eval-only)")
+    _check_inputs(a)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     targs = TrainArgs(**{f.name: getattr(a, f.name) for f in fields(TrainArgs)})

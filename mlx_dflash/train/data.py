@@ -2,11 +2,14 @@
 
 Prompt set (no download): coding tasks synthesised from the signatures and
 docstrings of the Python standard library (`inspect` over a fixed module list),
-plus general instructions from templates x topics. The held-out prompts are a
-fixed list shipped with the package (`held_out.json`, drawn once by a hash of the
-prompt text), because the stdlib's docstrings differ between Python versions;
-training skips every prompt whose hash falls in the held-out share. The target then answers every prompt itself (greedy, batched in fixed
-shapes, `greedy_batch`): the drafter learns the target's own outputs.
+plus general instructions from templates x topics; a 'core' set (13.4k prompts)
+and a 'wide' one that contains it (49.8k: class methods, more modules,
+templates and topics). The held-out prompts are a fixed list shipped with the
+package (`held_out.json`, drawn once by a hash of the prompt text), because the
+stdlib's docstrings differ between Python versions; training skips every prompt
+whose hash falls in the held-out share. The target then answers every prompt
+itself (greedy, batched in fixed shapes, `greedy_batch`): the drafter learns
+the target's own outputs.
 """
 
 import hashlib
