@@ -12,6 +12,18 @@ out=${OUT:-bench/results}
 d=${DRAFT:-mlx_dflash/default_draft}
 export PYTHONUNBUFFERED=1
 b="python3 -m mlx_dflash.bench --block-size 16 --cooldown 0.2 --no-profile"
+# Stage-2 drafter (the one shipped), fifth session: under `taskset -c 0-3` (the per-token
+# step of this 135M target is host-bound; pinning is meant to steady it), 9 repeats for the
+# long case, whose paired runs spread 0.88-1.32x with 3 repeats.
+if [ "${STAGE2:-1}" = 1 ]; then
+  t="taskset -c 0-3 $b"
+  $t --draft $d,$d@q8,$d@q4 --suites code --prompts-per-suite 1 --max-tokens 128 --repeats 3 \
+    --out $out/h200-default-pair-stage2
+  $t --draft $d --fallback --suites long_8k --prompts-per-suite 1 --max-tokens 1024 --repeats 9 \
+    --out $out/h200-long-fallback-stage2-r9
+  exit 0
+fi
+# Stage-1 drafter (STAGE2=0 DRAFT=/tmp/dflash-default), the files without -stage2.
 # bf16 vs 8-bit vs 4-bit drafter on the code suite.
 $b --draft $d,$d@q8,$d@q4 --suites code --prompts-per-suite 1 --max-tokens 128 --repeats 3 \
   --out $out/h200-default-pair
