@@ -19,6 +19,7 @@ from mlx.nn.layers.activations import silu
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
+from .attention import default_from_keys, foldable, folded_attention
 from .cache import BucketKVCache
 
 REQUIRED_CONFIG = (
@@ -162,6 +163,8 @@ class DraftAttention(nn.Module):
         self.window = args.sliding_window if sliding else None
         # As in z-lab's reference: sliding layers are causal unless told otherwise.
         self.causal = sliding if args.is_causal is None else bool(args.is_causal)
+        # From this many keys the block attends with plain ops (attention.py).
+        self.from_keys = default_from_keys(None)
 
     def kv(self, x: mx.array, offset: int):
         B, L, _ = x.shape
@@ -186,7 +189,12 @@ class DraftAttention(nn.Module):
             k = mx.concatenate([cache.keys, k], axis=2)
             v = mx.concatenate([cache.values, v], axis=2)
         mask = block_mask(L, start, cap, causal=self.causal, window=self.window)
-        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
+        if foldable(q, k, mask, self.from_keys):
+            out = folded_attention(q, k, v, self.scale, mask)
+        else:
+            out = mx.fast.scaled_dot_product_attention(
+                q, k, v, scale=self.scale, mask=mask
+            )
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
 

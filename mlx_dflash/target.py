@@ -12,6 +12,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
 
+from .attention import default_from_keys, wrap_attention
 from .cache import BucketKVCache
 from .gdn import FastGatedDeltaNet, GatedDeltaNet, StepStates
 
@@ -93,6 +94,10 @@ class Target:
           Default: 4 on CUDA, where building and launching a verify graph
           costs about as long as running it (bench/results/speed.md); off
           elsewhere.
+        block_attention_from: verify blocks attend with plain ops
+          (attention.py) once they see this many keys, in the layer classes
+          that module mirrors. Default: 4096 on CUDA, where MLX's fused call
+          goes to cuDNN and is slower there; never elsewhere.
     """
 
     def __init__(
@@ -100,6 +105,7 @@ class Target:
         model: nn.Module,
         capture_layers: Sequence[int] = (),
         flush_every: Optional[int] = None,
+        block_attention_from: Optional[int] = None,
     ):
         self.model = model
         # Qwen3.5 / VLM-style checkpoints nest the text model one level down.
@@ -135,6 +141,7 @@ class Target:
         self._flush_taps = [self._tap(i) for i in every]
         for t in self._flush_taps:
             t._flush = True
+        self._install_block_attention(default_from_keys(block_attention_from))
 
     # ---- structure -------------------------------------------------------------
 
@@ -178,6 +185,20 @@ class Target:
                 if not isinstance(la[name], Tap):
                     la[name] = Tap(la[name], keep_input=(name == "conv1d"))
             self.delta_taps[i] = DeltaTaps(la, la.conv1d, la.in_proj_a, la.in_proj_b)
+
+    def _install_block_attention(self, from_keys: float):
+        """Wrap mirrored attention layers, then take the wrappers off again:
+        they are put on only inside `forward`, so the instance stays stock."""
+        self.block_attention_from = from_keys
+        self._block_attention = []
+        if from_keys == float("inf"):
+            return
+        for layer in self.layers:
+            inner = _unwrap(layer)
+            stock = inner.get("self_attn", None) if isinstance(inner, dict) else None
+            wrapped = None if stock is None else wrap_attention(stock, from_keys)
+            if wrapped is not None:
+                self._block_attention.append((inner, stock, wrapped))
 
     def make_cache(self, bucket: Optional[bool] = None) -> List[Any]:
         """The model's own cache list, with plain KV caches made bucketed.
@@ -230,6 +251,8 @@ class Target:
             t._capture.flush = flush
         for la in self._fast_delta:
             la.__class__ = FastGatedDeltaNet
+        for layer, _, wrapped in self._block_attention:
+            layer.self_attn = wrapped
         try:
             h = self.backbone(tokens, cache)
         finally:
@@ -239,6 +262,8 @@ class Target:
                 t._capture.flush = False
             for la in self._fast_delta:
                 la.__class__ = GatedDeltaNet
+            for layer, stock, _ in self._block_attention:
+                layer.self_attn = stock
         if last_only:
             h = h[:, -1:]
         logits = self.head(h)

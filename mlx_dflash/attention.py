@@ -1,0 +1,111 @@
+"""Attention for verify- and draft-sized blocks at long context, as plain ops.
+
+On MLX CUDA (0.32), `mx.fast.scaled_dot_product_attention` runs one query on
+its vector kernel but sends any block of queries with a mask to cuDNN. For a
+16-token verify of a Qwen3-8B shape at 16k context that call makes the forward
+22.9 ms; the same attention as two matmuls and a softmax makes it 15.4 ms
+(bench/results/speed.md §7; in the bench at 16k, 258 against 227 tok/s). MLX
+has no per-call switch (its process-wide one also slows stock decoding and
+prefill), so the target's attention layers get a small wrapper on the instance,
+put on only inside `Target.forward` as the fused GatedDeltaNet is: for a block
+of 2-64 queries over at least `from_keys` keys it computes the layer's
+attention itself; everything else goes to the stock layer unchanged. Only layer
+classes whose forward the wrapper mirrors line for line are wrapped
+(`MIRRORED`). The DFlash draft's own attention uses the same fold.
+"""
+
+import math
+from typing import Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+
+# Attention classes whose __call__ is: q/k/v projections, optional per-head
+# q_norm/k_norm, RoPE at cache.offset, cache update, SDPA, o_proj.
+MIRRORED = {
+    "mlx_lm.models.llama.Attention",
+    "mlx_lm.models.qwen2.Attention",
+    "mlx_lm.models.qwen3.Attention",
+    "mlx_lm.models.qwen3_moe.Attention",
+}
+
+MAX_BLOCK = 64  # BucketKVCache.max_bucketed: the inputs that are verify blocks
+
+
+def folded_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask):
+    """softmax(scale * q k^T, masked) v with the query heads that share a KV head
+    stacked on the query axis: one (rep*L x S) product per KV head, K/V read once.
+
+    q: (B, H, L, D); k, v: (B, Hk, S, D); mask: None or a boolean (L, S) array.
+    """
+    B, H, L, D = q.shape
+    Hk = k.shape[1]
+    rep = H // Hk
+    s = (q * scale).reshape(B, Hk, rep * L, D) @ k.swapaxes(-1, -2)
+    if mask is not None:
+        s = mx.where(mx.tile(mask, (rep, 1)), s, mx.finfo(s.dtype).min)
+    p = mx.softmax(s, axis=-1, precise=True)
+    return (p @ v).reshape(B, H, L, v.shape[-1])
+
+
+def foldable(q: mx.array, k: mx.array, mask, from_keys: float) -> bool:
+    """Whether `folded_attention` takes this call (else MLX's fused one)."""
+    L, S = q.shape[2], k.shape[2]
+    plain_mask = mask is None or (
+        isinstance(mask, mx.array) and mask.ndim == 2 and mask.dtype == mx.bool_
+    )
+    return 1 < L <= MAX_BLOCK and S >= from_keys and plain_mask and q.shape[0] == 1
+
+
+class BlockAttention(nn.Module):
+    """Wraps one mirrored attention layer instance (see module docstring)."""
+
+    def __init__(self, inner: nn.Module, from_keys: float):
+        super().__init__()
+        self.inner = inner
+        self.from_keys = from_keys
+
+    def __getattr__(self, key):
+        if key in self:
+            return self[key]
+        if "inner" not in self:
+            raise AttributeError(key)
+        return getattr(self["inner"], key)
+
+    def __call__(self, x: mx.array, mask=None, cache=None):
+        a = self.inner
+        B, L, _ = x.shape
+        keys_after = (0 if cache is None else cache.offset) + L
+        quantized = hasattr(cache, "bits")  # mlx_lm attends those its own way
+        if cache is None or quantized or not 1 < L <= MAX_BLOCK:
+            return a(x, mask=mask, cache=cache)
+        if keys_after < self.from_keys:
+            return a(x, mask=mask, cache=cache)
+        q = a.q_proj(x).reshape(B, L, a.n_heads, -1)
+        k = a.k_proj(x).reshape(B, L, a.n_kv_heads, -1)
+        v = a.v_proj(x).reshape(B, L, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        if "q_norm" in a:
+            q, k = a.q_norm(q), a.k_norm(k)
+        q = a.rope(q.transpose(0, 2, 1, 3), offset=cache.offset)
+        k = a.rope(k.transpose(0, 2, 1, 3), offset=cache.offset)
+        k, v = cache.update_and_fetch(k, v)
+        if foldable(q, k, mask, self.from_keys):
+            out = folded_attention(q, k, v, a.scale, mask)
+        else:
+            out = mx.fast.scaled_dot_product_attention(
+                q, k, v, scale=a.scale, mask=mask
+            )
+        return a.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+
+def default_from_keys(from_keys: Optional[int]) -> float:
+    """None: 4096 keys on CUDA (below it cuDNN was as fast), never elsewhere."""
+    if from_keys is not None:
+        return from_keys
+    return 4096 if mx.cuda.is_available() else math.inf
+
+
+def wrap_attention(attn, from_keys: float) -> Optional[BlockAttention]:
+    """A `BlockAttention` around `attn` if its class is mirrored, else None."""
+    name = f"{type(attn).__module__}.{type(attn).__qualname__}"
+    return BlockAttention(attn, from_keys) if name in MIRRORED else None

@@ -1,0 +1,133 @@
+"""Block attention as plain ops (attention.py) equals MLX's fused attention and
+changes no token; the model instance stays stock outside `Target.forward`."""
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step as stock_generate_step
+from models import BASE, CONFIGS, tiny_model
+from test_decode import PROMPT, N, make_drafter, random_dflash, run, setup
+
+from mlx_dflash.attention import BlockAttention, foldable, folded_attention
+from mlx_dflash.cache import bucket_mask
+from mlx_dflash.draft import block_mask
+from mlx_dflash.target import Target
+
+MIRRORED_FAMILIES = ["llama", "qwen2", "qwen3"]
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (6, 1), (4, 4)])
+@pytest.mark.parametrize("masked", [True, False])
+def test_folded_attention_equals_fused(heads, kv_heads, masked):
+    mx.random.seed(0)
+    L, S, D, offset = 16, 96, 32, 70
+    q = mx.random.normal((1, heads, L, D))
+    k = mx.random.normal((1, kv_heads, S, D))
+    v = mx.random.normal((1, kv_heads, S, D))
+    mask = bucket_mask(L, offset, S) if masked else None
+    ours = folded_attention(q, k, v, D**-0.5, mask)
+    ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=D**-0.5, mask=mask)
+    assert ours.shape == ref.shape
+    assert mx.allclose(ours, ref, atol=1e-5).item()
+
+
+def test_foldable_takes_only_blocks_at_long_context():
+    q16 = mx.zeros((1, 4, 16, 8))
+    k = mx.zeros((1, 2, 512, 8))
+    mask = bucket_mask(16, 400, 512)
+    assert foldable(q16, k, mask, from_keys=512)
+    assert not foldable(q16, k, mask, from_keys=513)  # too few keys
+    assert not foldable(mx.zeros((1, 4, 1, 8)), k, None, from_keys=0)  # one query
+    assert not foldable(mx.zeros((1, 4, 65, 8)), k, None, from_keys=0)  # a prefill
+    assert not foldable(q16, k, "causal", from_keys=0)
+    assert not foldable(q16, k, mask[None, None], from_keys=0)  # batched masks
+
+
+@pytest.mark.parametrize("family", MIRRORED_FAMILIES)
+@pytest.mark.parametrize("kind", ["oracle", "dflash"])
+def test_greedy_with_folded_block_attention_equals_stock(family, kind):
+    """Every verify block attends with plain ops; partial acceptances throughout."""
+    model, ref = setup(family)
+    target = Target(model, block_attention_from=0)
+    assert len(target._block_attention) == target.num_layers
+    drafter = make_drafter(kind, target, ref)
+    if kind == "dflash":
+        for layer in drafter.draft.layers:
+            layer.self_attn.from_keys = 0
+    cache = target.make_cache(bucket=True)
+    out, stats = run(
+        target, drafter, cache=cache, max_tokens=N, block_size=16, prefill_step_size=5
+    )
+    assert out == ref
+    assert stats.cycles > 0
+
+
+def test_qwen3_moe_with_folded_block_attention_equals_stock():
+    """The one mirrored class the shared test families do not include."""
+    CONFIGS["qwen3_moe"] = dict(
+        BASE,
+        model_type="qwen3_moe",
+        head_dim=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+        tie_word_embeddings=False,
+    )
+    try:
+        model = tiny_model("qwen3_moe")
+    finally:
+        del CONFIGS["qwen3_moe"]
+    ref = [t for t, _ in stock_generate_step(mx.array(PROMPT), model, max_tokens=N)]
+    target = Target(model, block_attention_from=0)
+    assert len(target._block_attention) == target.num_layers
+    drafter = make_drafter("oracle", target, ref)
+    out, _ = run(
+        target,
+        drafter,
+        cache=target.make_cache(bucket=True),
+        max_tokens=N,
+        block_size=16,
+        prefill_step_size=5,
+    )
+    assert out == ref
+
+
+@pytest.mark.parametrize("family", MIRRORED_FAMILIES)
+def test_wrapper_is_on_only_inside_forward(family):
+    model, _ = setup(family)
+    target = Target(model, block_attention_from=0)
+    stock = [type(layer.self_attn) for layer in model.model.layers]
+    assert BlockAttention not in stock
+    cache = target.make_cache(bucket=True)
+    target.forward(mx.array([PROMPT]), cache)
+    assert [type(layer.self_attn) for layer in model.model.layers] == stock
+
+
+def test_unmirrored_layers_are_left_alone():
+    model, _ = setup("qwen3_5")  # gated full attention + GatedDeltaNet
+    assert Target(model, block_attention_from=0)._block_attention == []
+
+
+def test_default_is_off_on_cpu():
+    model, _ = setup("qwen3")
+    if mx.cuda.is_available():
+        pytest.skip("the default is on under CUDA")
+    assert Target(model)._block_attention == []
+
+
+def test_draft_folded_equals_fused():
+    model, _ = setup("qwen3")
+    target = Target(model)
+    drafter = random_dflash(target)
+    cache = target.make_cache(bucket=True)
+    _, features = target.forward(mx.array([PROMPT]), cache)
+    drafter.commit(PROMPT, features)
+    fused = drafter.draft(target.embed(mx.array([[5] * 16])), drafter.cache)
+    for layer in drafter.draft.layers:
+        layer.self_attn.from_keys = 0
+    folded = drafter.draft(target.embed(mx.array([[5] * 16])), drafter.cache)
+    assert mx.allclose(folded, fused, atol=1e-5).item()
+    # The context mask the draft hands attention is one the fold accepts.
+    assert block_mask(16, len(PROMPT), 256, causal=False, window=None).ndim == 2
