@@ -1,0 +1,18 @@
+"""Run `mlx-dflash bench` with block attention left on MLX's fused call.
+
+A control for bench/results/h200-speed-qwen3-8b-16k-folded.*: the same command
+with `Target`'s and the draft's `block_attention_from` default set to never
+(attention.py), so the two runs differ only in that.
+
+    python bench/run_without_fold.py <mlx-dflash bench arguments>
+"""
+
+import runpy
+import sys
+
+import mlx_dflash.draft as draft
+import mlx_dflash.target as target
+
+draft.default_from_keys = target.default_from_keys = lambda n: float("inf")
+sys.argv = ["mlx_dflash.bench"] + sys.argv[1:]
+runpy.run_module("mlx_dflash.bench", run_name="__main__")
