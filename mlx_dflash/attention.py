@@ -20,6 +20,8 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
+from .wrapper import Wrapper
+
 # Attention classes whose __call__ is: q/k/v projections, optional per-head
 # q_norm/k_norm, RoPE at cache.offset, cache update, SDPA, o_proj.
 MIRRORED = {
@@ -57,20 +59,12 @@ def foldable(q: mx.array, k: mx.array, mask, from_keys: float) -> bool:
     return 1 < L <= MAX_BLOCK and S >= from_keys and plain_mask and q.shape[0] == 1
 
 
-class BlockAttention(nn.Module):
+class BlockAttention(Wrapper):
     """Wraps one mirrored attention layer instance (see module docstring)."""
 
     def __init__(self, inner: nn.Module, from_keys: float):
-        super().__init__()
-        self.inner = inner
+        super().__init__(inner)
         self.from_keys = from_keys
-
-    def __getattr__(self, key):
-        if key in self:
-            return self[key]
-        if "inner" not in self:
-            raise AttributeError(key)
-        return getattr(self["inner"], key)
 
     def __call__(self, x: mx.array, mask=None, cache=None):
         a = self.inner

@@ -15,6 +15,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
 from .attention import default_from_keys, wrap_attention
 from .cache import BucketKVCache
 from .gdn import FastGatedDeltaNet, GatedDeltaNet, StepStates
+from .wrapper import Wrapper
 
 
 class Capture:
@@ -29,7 +30,7 @@ class Capture:
         self.outputs = None
 
 
-class Tap(nn.Module):
+class Tap(Wrapper):
     """Wraps one module instance and records its first input and its output.
 
     A tap with `flush` set also starts evaluating the output while the forward
@@ -37,19 +38,10 @@ class Tap(nn.Module):
     """
 
     def __init__(self, inner: nn.Module, keep_input: bool = False):
-        super().__init__()
-        self.inner = inner
+        super().__init__(inner)
         self._capture = Capture()
         self._keep_input = keep_input
         self._flush = False
-
-    def __getattr__(self, key):
-        # The model loop reads attributes such as `is_linear` off its layers.
-        if key in self:
-            return self[key]
-        if "inner" not in self:
-            raise AttributeError(key)
-        return getattr(self["inner"], key)
 
     def __call__(self, *args, **kwargs):
         out = self.inner(*args, **kwargs)
