@@ -69,11 +69,9 @@ class BlockAttention(Wrapper):
     def __call__(self, x: mx.array, mask=None, cache=None):
         a = self.inner
         B, L, _ = x.shape
-        keys_after = (0 if cache is None else cache.offset) + L
-        quantized = hasattr(cache, "bits")  # mlx_lm attends those its own way
-        if cache is None or quantized or not 1 < L <= MAX_BLOCK:
-            return a(x, mask=mask, cache=cache)
-        if keys_after < self.from_keys:
+        # Quantized caches (`bits`) are attended mlx_lm's own way.
+        stock = cache is None or hasattr(cache, "bits") or not 1 < L <= MAX_BLOCK
+        if stock or cache.offset + L < self.from_keys:
             return a(x, mask=mask, cache=cache)
         q = a.q_proj(x).reshape(B, L, a.n_heads, -1)
         k = a.k_proj(x).reshape(B, L, a.n_kv_heads, -1)

@@ -4,7 +4,7 @@ changes no token; the model instance stays stock outside `Target.forward`."""
 import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step as stock_generate_step
-from models import BASE, CONFIGS, tiny_model
+from models import tiny_model
 from test_decode import PROMPT, N, make_drafter, random_dflash, run, setup
 
 from mlx_dflash.attention import BlockAttention, foldable, folded_attention
@@ -63,22 +63,7 @@ def test_greedy_with_folded_block_attention_equals_stock(family, kind):
 
 def test_qwen3_moe_with_folded_block_attention_equals_stock():
     """The one mirrored class the shared test families do not include."""
-    CONFIGS["qwen3_moe"] = dict(
-        BASE,
-        model_type="qwen3_moe",
-        head_dim=16,
-        num_experts=4,
-        num_experts_per_tok=2,
-        decoder_sparse_step=1,
-        mlp_only_layers=[],
-        moe_intermediate_size=32,
-        norm_topk_prob=True,
-        tie_word_embeddings=False,
-    )
-    try:
-        model = tiny_model("qwen3_moe")
-    finally:
-        del CONFIGS["qwen3_moe"]
+    model = tiny_model("qwen3_moe")
     ref = [t for t, _ in stock_generate_step(mx.array(PROMPT), model, max_tokens=N)]
     target = Target(model, block_attention_from=0)
     assert len(target._block_attention) == target.num_layers
