@@ -59,6 +59,13 @@ def foldable(q: mx.array, k: mx.array, mask, from_keys: float) -> bool:
     return 1 < L <= MAX_BLOCK and S >= from_keys and plain_mask and q.shape[0] == 1
 
 
+def block_attention(q, k, v, scale: float, mask, from_keys: float) -> mx.array:
+    """`folded_attention` where `foldable`, else MLX's fused attention."""
+    if foldable(q, k, mask, from_keys):
+        return folded_attention(q, k, v, scale, mask)
+    return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+
+
 class BlockAttention(Wrapper):
     """Wraps one mirrored attention layer instance (see module docstring)."""
 
@@ -81,12 +88,7 @@ class BlockAttention(Wrapper):
         q = a.rope(q.transpose(0, 2, 1, 3), offset=cache.offset)
         k = a.rope(k.transpose(0, 2, 1, 3), offset=cache.offset)
         k, v = cache.update_and_fetch(k, v)
-        if foldable(q, k, mask, self.from_keys):
-            out = folded_attention(q, k, v, a.scale, mask)
-        else:
-            out = mx.fast.scaled_dot_product_attention(
-                q, k, v, scale=a.scale, mask=mask
-            )
+        out = block_attention(q, k, v, a.scale, mask, self.from_keys)
         return a.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
 

@@ -19,7 +19,7 @@ from mlx.nn.layers.activations import silu
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
-from .attention import default_from_keys, foldable, folded_attention
+from .attention import block_attention, default_from_keys
 from .cache import BucketKVCache
 
 REQUIRED_CONFIG = (
@@ -189,12 +189,7 @@ class DraftAttention(nn.Module):
             k = mx.concatenate([cache.keys, k], axis=2)
             v = mx.concatenate([cache.values, v], axis=2)
         mask = block_mask(L, start, cap, causal=self.causal, window=self.window)
-        if foldable(q, k, mask, self.from_keys):
-            out = folded_attention(q, k, v, self.scale, mask)
-        else:
-            out = mx.fast.scaled_dot_product_attention(
-                q, k, v, scale=self.scale, mask=mask
-            )
+        out = block_attention(q, k, v, self.scale, mask, self.from_keys)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
 
