@@ -20,6 +20,7 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
+from .linear import applies, block_matmuls
 from .wrapper import Wrapper
 
 # Attention classes whose __call__ is: q/k/v projections, optional per-head
@@ -38,14 +39,17 @@ def folded_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask):
     """softmax(scale * q k^T, masked) v with the query heads that share a KV head
     stacked on the query axis: one (rep*L x S) product per KV head, K/V read once.
 
-    q: (B, H, L, D); k, v: (B, Hk, S, D); mask: None or a boolean (L, S) array.
+    q: (B, H, L, D); k, v: (B, Hk, S, D); mask: None, or an (L, S) array:
+    boolean (True = visible) or additive.
     """
     B, H, L, D = q.shape
     Hk = k.shape[1]
     rep = H // Hk
     s = (q * scale).reshape(B, Hk, rep * L, D) @ k.swapaxes(-1, -2)
-    if mask is not None:
+    if mask is not None and mask.dtype == mx.bool_:
         s = mx.where(mx.tile(mask, (rep, 1)), s, mx.finfo(s.dtype).min)
+    elif mask is not None:
+        s = s + mx.tile(mask, (rep, 1))
     p = mx.softmax(s, axis=-1, precise=True)
     return (p @ v).reshape(B, H, L, v.shape[-1])
 
@@ -53,9 +57,7 @@ def folded_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask):
 def foldable(q: mx.array, k: mx.array, mask, from_keys: float) -> bool:
     """Whether `folded_attention` takes this call (else MLX's fused one)."""
     L, S = q.shape[2], k.shape[2]
-    plain_mask = mask is None or (
-        isinstance(mask, mx.array) and mask.ndim == 2 and mask.dtype == mx.bool_
-    )
+    plain_mask = mask is None or (isinstance(mask, mx.array) and mask.ndim == 2)
     return 1 < L <= MAX_BLOCK and S >= from_keys and plain_mask and q.shape[0] == 1
 
 
@@ -67,22 +69,39 @@ def block_attention(q, k, v, scale: float, mask, from_keys: float) -> mx.array:
 
 
 class BlockAttention(Wrapper):
-    """Wraps one mirrored attention layer instance (see module docstring)."""
+    """Wraps one mirrored attention layer instance (see module docstring).
 
-    def __init__(self, inner: nn.Module, from_keys: float):
+    With `fuse_qkv`, a block's q, k and v projections are one launch of the
+    linear.py kernel where it applies.
+    """
+
+    def __init__(self, inner: nn.Module, from_keys: float, fuse_qkv: bool = False):
         super().__init__(inner)
         self.from_keys = from_keys
+        self.fuse_qkv = fuse_qkv
 
     def __call__(self, x: mx.array, mask=None, cache=None):
         a = self.inner
         B, L, _ = x.shape
         # Quantized caches (`bits`) are attended mlx_lm's own way.
-        stock = cache is None or hasattr(cache, "bits") or not 1 < L <= MAX_BLOCK
-        if stock or cache.offset + L < self.from_keys:
+        if cache is None or hasattr(cache, "bits") or not 1 < L <= MAX_BLOCK:
             return a(x, mask=mask, cache=cache)
-        q = a.q_proj(x).reshape(B, L, a.n_heads, -1)
-        k = a.k_proj(x).reshape(B, L, a.n_kv_heads, -1)
-        v = a.v_proj(x).reshape(B, L, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        ws = [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
+        fuse = (
+            self.fuse_qkv
+            and "bias" not in a.q_proj
+            and "bias" not in a.k_proj
+            and "bias" not in a.v_proj
+            and applies(x, *ws)
+        )
+        if not fuse and cache.offset + L < self.from_keys:
+            return a(x, mask=mask, cache=cache)
+        q, k, v = (
+            block_matmuls(x, ws) if fuse else (a.q_proj(x), a.k_proj(x), a.v_proj(x))
+        )
+        q = q.reshape(B, L, a.n_heads, -1)
+        k = k.reshape(B, L, a.n_kv_heads, -1)
+        v = v.reshape(B, L, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
         if "q_norm" in a:
             q, k = a.q_norm(q), a.k_norm(k)
         q = a.rope(q.transpose(0, 2, 1, 3), offset=cache.offset)
@@ -99,7 +118,9 @@ def default_from_keys(from_keys: Optional[int]) -> float:
     return 4096 if mx.cuda.is_available() else math.inf
 
 
-def wrap_attention(attn, from_keys: float) -> Optional[BlockAttention]:
+def wrap_attention(
+    attn, from_keys: float, fuse_qkv: bool = False
+) -> Optional[BlockAttention]:
     """A `BlockAttention` around `attn` if its class is mirrored, else None."""
     name = f"{type(attn).__module__}.{type(attn).__qualname__}"
-    return BlockAttention(attn, from_keys) if name in MIRRORED else None
+    return BlockAttention(attn, from_keys, fuse_qkv) if name in MIRRORED else None

@@ -55,7 +55,12 @@ class BucketKVCache(KVCache):
             raise ValueError("BucketKVCache does not support sliding windows")
         if not self.bucketed(N):
             return super().make_mask(N, return_array=return_array, window_size=None)
-        return bucket_mask(N, self.offset, self.capacity_for(N))
+        mask = bucket_mask(N, self.offset, self.capacity_for(N))
+        if self.keys is None:
+            return mask
+        # Additive, in the cache's dtype: a boolean one MLX converts again in
+        # every layer's attention call (one more graph node per layer).
+        return additive(mask, self.keys.dtype)
 
 
 def bucket_mask(n: int, offset: int, capacity: int) -> mx.array:
@@ -63,6 +68,11 @@ def bucket_mask(n: int, offset: int, capacity: int) -> mx.array:
     q = mx.arange(offset, offset + n)[:, None]
     k = mx.arange(capacity)[None]
     return k <= q
+
+
+def additive(mask: mx.array, dtype) -> mx.array:
+    """A boolean mask as 0 (visible) / -inf (hidden) in `dtype`."""
+    return mx.where(mask, mx.array(0, dtype), mx.array(-mx.inf, dtype))
 
 
 class PaddedBatchKVCache(KVCache):

@@ -17,6 +17,7 @@ from typing import List, Optional, Protocol, Sequence
 import mlx.core as mx
 
 from .draft import DFlashDraft
+from .linear import block_linears, plain_linears
 from .sampling import sample_draft
 from .target import Target
 
@@ -46,12 +47,15 @@ class DFlashDrafter:
         self.mask_token_id = draft.args.mask_token_id
         self.block_size = draft.args.block_size
         self.cache = draft.make_cache()
+        # The draft's blocks take the target's choice of linear kernel (linear.py).
+        self._linears = plain_linears(draft) if target.block_linear else []
 
     def start(self, prompt):
         self.cache = self.draft.make_cache()
 
     def commit(self, tokens, features):
-        self.draft.append_context(features, self.cache)
+        with block_linears(self._linears):
+            self.draft.append_context(features, self.cache)
         # Start it now: the step that committed pays for it, not the next
         # proposal (whose time the fallback weighs).
         mx.async_eval([c.state for c in self.cache])
@@ -62,8 +66,9 @@ class DFlashDrafter:
 
     def _logits(self, anchor: int, n: int) -> mx.array:
         block = mx.array([[anchor] + [self.mask_token_id] * n])
-        h = self.draft(self.target.embed(block), self.cache)
-        return self.target.head(h[0, 1:])
+        with block_linears(self._linears):
+            h = self.draft(self.target.embed(block), self.cache)
+        return self.target.logits(h[0, 1:])
 
     def propose(self, anchor: int, n: int) -> mx.array:
         return mx.argmax(self._logits(anchor, n), axis=-1)

@@ -18,7 +18,10 @@ REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def load_target(
-    path: Optional[str], *, dtype: Optional[mx.Dtype] = None
+    path: Optional[str],
+    *,
+    dtype: Optional[mx.Dtype] = None,
+    block_linear: Optional[bool] = None,
 ) -> Tuple[Target, object]:
     """Load a target by HF repo id, local mlx_lm directory, or `.gguf` file.
 
@@ -43,7 +46,7 @@ def load_target(
         model, tokenizer = load(str(path))
         if dtype is not None:
             model.set_dtype(dtype)
-    return Target(model), tokenizer
+    return Target(model, block_linear=block_linear), tokenizer
 
 
 def make_drafter(

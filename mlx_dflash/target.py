@@ -15,6 +15,14 @@ from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
 from .attention import default_from_keys, wrap_attention
 from .cache import BucketKVCache
 from .gdn import FastGatedDeltaNet, GatedDeltaNet, StepStates
+from .linear import (
+    BlockLinear,
+    applies,
+    block_matmul,
+    default_block_linear,
+    plain_linears,
+    wrap_mlp,
+)
 from .wrapper import Wrapper
 
 
@@ -90,6 +98,10 @@ class Target:
           (attention.py) once they see this many keys, in the layer classes
           that module mirrors. Default: 4096 on CUDA, where MLX's fused call
           goes to cuDNN and is slower there; never elsewhere.
+        block_linear: blocks of 2-64 rows (verify blocks, draft blocks) go
+          through the linear layers with one kernel each (linear.py) instead
+          of a cuBLAS call whose host cost exceeds its device time. Default:
+          on CUDA; the kernel exists only there.
     """
 
     def __init__(
@@ -98,6 +110,7 @@ class Target:
         capture_layers: Sequence[int] = (),
         flush_every: Optional[int] = None,
         block_attention_from: Optional[int] = None,
+        block_linear: Optional[bool] = None,
     ):
         self.model = model
         # Qwen3.5 / VLM-style checkpoints nest the text model one level down.
@@ -133,6 +146,7 @@ class Target:
         self._flush_taps = [self._tap(i) for i in every]
         for t in self._flush_taps:
             t._flush = True
+        self._install_block_linear(default_block_linear(block_linear))
         self._install_block_attention(default_from_keys(block_attention_from))
 
     # ---- structure -------------------------------------------------------------
@@ -183,14 +197,40 @@ class Target:
         they are put on only inside `forward`, so the instance stays stock."""
         self.block_attention_from = from_keys
         self._block_attention = []
-        if from_keys == float("inf"):
+        if from_keys == float("inf") and not self.block_linear:
             return
         for layer in self.layers:
             inner = _unwrap(layer)
             stock = inner.get("self_attn", None) if isinstance(inner, dict) else None
-            wrapped = None if stock is None else wrap_attention(stock, from_keys)
+            wrapped = None
+            if stock is not None:
+                wrapped = wrap_attention(stock, from_keys, fuse_qkv=self.block_linear)
             if wrapped is not None:
                 self._block_attention.append((inner, stock, wrapped))
+
+    def set_block_linear(self, on: Optional[bool]):
+        """Switch the linear.py kernel on or off (None: the default) for later
+        forwards and for drafters made after this call."""
+        self._install_block_linear(default_block_linear(on))
+        self._install_block_attention(self.block_attention_from)
+
+    def _install_block_linear(self, on: bool):
+        """The plain Linear layers that `forward` makes `BlockLinear`, and the
+        head's weight when `logits` can take the kernel for it."""
+        self.block_linear = on
+        self._linears, self._head_weight, self._block_mlp = [], None, []
+        if not on:
+            return
+        self._linears = plain_linears(self.backbone)
+        for layer in self.layers:
+            inner = _unwrap(layer)
+            stock = inner.get("mlp", None) if isinstance(inner, dict) else None
+            wrapped = None if stock is None else wrap_mlp(stock)
+            if wrapped is not None:
+                self._block_mlp.append((inner, stock, wrapped))
+        head = self.lm.get("lm_head", None) or self.embed_tokens
+        if type(head) in (nn.Linear, nn.Embedding) and "bias" not in head:
+            self._head_weight = head.weight
 
     def make_cache(self, bucket: Optional[bool] = None) -> List[Any]:
         """The model's own cache list, with plain KV caches made bucketed.
@@ -245,6 +285,10 @@ class Target:
             la.__class__ = FastGatedDeltaNet
         for layer, _, wrapped in self._block_attention:
             layer.self_attn = wrapped
+        for layer, _, wrapped in self._block_mlp:
+            layer.mlp = wrapped
+        for l in self._linears:
+            l.__class__ = BlockLinear
         try:
             h = self.backbone(tokens, cache)
         finally:
@@ -256,15 +300,25 @@ class Target:
                 la.__class__ = GatedDeltaNet
             for layer, stock, _ in self._block_attention:
                 layer.self_attn = stock
+            for layer, stock, _ in self._block_mlp:
+                layer.mlp = stock
+            for l in self._linears:
+                l.__class__ = nn.Linear
         if last_only:
             h = h[:, -1:]
-        logits = self.head(h)
+        logits = self.logits(h)
         features = None
         if self._layer_taps:
             features = mx.concatenate(
                 [t._capture.outputs for t in self._layer_taps], axis=-1
             )
         return logits, features
+
+    def logits(self, h: mx.array) -> mx.array:
+        """The LM head on hidden states `h` (`block_matmul` for 2-64 rows)."""
+        if self._head_weight is not None and applies(h, self._head_weight):
+            return block_matmul(h, self._head_weight)
+        return self.head(h)
 
     def embed(self, tokens: mx.array) -> mx.array:
         return self.embed_tokens(tokens)

@@ -8,7 +8,7 @@ from models import tiny_model
 from test_decode import PROMPT, N, make_drafter, random_dflash, run, setup
 
 from mlx_dflash.attention import BlockAttention, foldable, folded_attention
-from mlx_dflash.cache import bucket_mask
+from mlx_dflash.cache import additive, bucket_mask
 from mlx_dflash.draft import block_mask
 from mlx_dflash.target import Target
 
@@ -16,7 +16,7 @@ MIRRORED_FAMILIES = ["llama", "qwen2", "qwen3"]
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(4, 2), (6, 1), (4, 4)])
-@pytest.mark.parametrize("masked", [True, False])
+@pytest.mark.parametrize("masked", ["bool", "additive", None])
 def test_folded_attention_equals_fused(heads, kv_heads, masked):
     mx.random.seed(0)
     L, S, D, offset = 16, 96, 32, 70
@@ -24,6 +24,8 @@ def test_folded_attention_equals_fused(heads, kv_heads, masked):
     k = mx.random.normal((1, kv_heads, S, D))
     v = mx.random.normal((1, kv_heads, S, D))
     mask = bucket_mask(L, offset, S) if masked else None
+    if masked == "additive":
+        mask = additive(mask, q.dtype)
     ours = folded_attention(q, k, v, D**-0.5, mask)
     ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=D**-0.5, mask=mask)
     assert ours.shape == ref.shape

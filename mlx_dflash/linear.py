@@ -1,0 +1,328 @@
+"""Linear layers for verify- and draft-sized blocks of rows, as one CUDA kernel.
+
+On MLX CUDA (0.32) a product with one row runs MLX's own gemv kernel, but any
+other row count goes to cuBLASLt, and each such call rebuilds its descriptors,
+reruns cuBLAS's heuristic and is captured into a child graph on the host
+(mlx/backend/cuda/matmul.cpp). A 16-token verify of a Qwen3-8B shape makes 253
+of them, so building its graph, not reading the weights, set its time. Here a
+block of 2-64 rows is one plain kernel node: each warp streams a slice of the
+weight rows once and multiplies it into every row of the block with tensor-core
+`mma.sync` (bf16/fp16 in, fp32 accumulation, as cuBLAS does for these types).
+
+`block_linears` swaps plain `nn.Linear` *instances* to `BlockLinear` for the
+duration of a forward, as `Target` does with the fused GatedDeltaNet; outside
+it every layer is stock. Off CUDA, or for shapes the kernel does not tile, the
+stock product runs.
+"""
+
+from contextlib import contextmanager
+from typing import Iterable, List, Optional, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .wrapper import Wrapper
+
+MAX_ROWS = 64  # 4 tiles of 16 rows; verify and draft blocks
+WARPS = 8  # per block, splitting K
+K_CHUNK = 64  # K consumed by one warp step: 4 lanes x 16 values
+
+_HEADER = """
+__device__ __forceinline__ void mma16816(float* c, const unsigned* a,
+                                         unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.MMA_T.MMA_T.f32 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+"""
+
+# Grid: one block of 32 WARPS threads per NT tiles of 8 output columns (of
+# each weight panel it reads); warp w takes K slice w. A lane (g = lane / 4,
+# t = lane % 4) loads 16 consecutive k of weight row g of each tile and of block
+# rows g, g + 8, and feeds them to 4 mma steps. The k order inside a step does
+# not matter to a dot product, only that A and B agree, so this order lets
+# every lane read 32 contiguous bytes (a weight row's 64 k by 4 lanes at once).
+# P panels: 1 (one weight per block; SELECT picks which of the group's weights
+# from the block index) or 2 (gate and up at the same columns, for SwiGLU).
+_SOURCE = """
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int M = x_shape[0], K = x_shape[1];
+  const int kper = K / WARPS;
+  const int k_begin = warp * kper;
+  int blk = blockIdx.x;
+  const T* wp[P];
+  T* y;
+  int N;
+  SELECT
+  const int n0 = blk * (8 * NT);
+
+  float acc[P][MT][NT][4] = {};
+
+  #pragma unroll 2
+  for (int kc = k_begin; kc < k_begin + kper; kc += 64) {
+    const int kk = kc + t * 16;
+    uint4 wv[P][NT][2];
+    #pragma unroll
+    for (int p = 0; p < P; ++p) {
+      #pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const uint4* q = reinterpret_cast<const uint4*>(
+            wp[p] + (size_t)(n0 + j * 8 + g) * K + kk);
+        wv[p][j][0] = q[0];
+        wv[p][j][1] = q[1];
+      }
+    }
+    #pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      const int r0 = m * 16 + g, r1 = r0 + 8;
+      uint4 xa[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+      uint4 xb[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+      if (r0 < M) {
+        const uint4* q = reinterpret_cast<const uint4*>(x + (size_t)r0 * K + kk);
+        xa[0] = q[0];
+        xa[1] = q[1];
+      }
+      if (r1 < M) {
+        const uint4* q = reinterpret_cast<const uint4*>(x + (size_t)r1 * K + kk);
+        xb[0] = q[0];
+        xb[1] = q[1];
+      }
+      const unsigned* ua = reinterpret_cast<const unsigned*>(xa);
+      const unsigned* ub = reinterpret_cast<const unsigned*>(xb);
+      #pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const unsigned a[4] = {ua[2 * s], ub[2 * s], ua[2 * s + 1], ub[2 * s + 1]};
+        #pragma unroll
+        for (int p = 0; p < P; ++p) {
+          #pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            const unsigned* uw = reinterpret_cast<const unsigned*>(wv[p][j]);
+            mma16816(acc[p][m][j], a, uw[2 * s], uw[2 * s + 1]);
+          }
+        }
+      }
+    }
+  }
+
+  // Sum the WARPS partial tiles through shared memory, one row tile at a time.
+  __shared__ float part[P][WARPS][16][8 * NT];
+  #pragma unroll
+  for (int m = 0; m < MT; ++m) {
+    #pragma unroll
+    for (int p = 0; p < P; ++p) {
+      #pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const int c = j * 8 + 2 * t;
+        part[p][warp][g][c] = acc[p][m][j][0];
+        part[p][warp][g][c + 1] = acc[p][m][j][1];
+        part[p][warp][g + 8][c] = acc[p][m][j][2];
+        part[p][warp][g + 8][c + 1] = acc[p][m][j][3];
+      }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < 16 * 8 * NT; e += 32 * WARPS) {
+      const int r = e / (8 * NT), c = e % (8 * NT);
+      const int row = m * 16 + r, col = n0 + c;
+      if (row < M) {
+        float v[P];
+        #pragma unroll
+        for (int p = 0; p < P; ++p) {
+          v[p] = 0.0f;
+          for (int i = 0; i < WARPS; ++i) v[p] += part[p][i][r][c];
+        }
+        EPILOGUE
+      }
+    }
+    __syncthreads();
+  }
+"""
+
+_PLAIN = "y[(size_t)row * N + col] = static_cast<T>(v[0]);"
+_BIAS = (
+    "y[(size_t)row * N + col] = static_cast<T>(v[0] + static_cast<float>(bias[col]));"
+)
+# SwiGLU as stock computes it from the two rounded products: silu(gate) * up.
+_SWIGLU = """const float gt = static_cast<float>(static_cast<T>(v[0]));
+        const float ut = static_cast<float>(static_cast<T>(v[1]));
+        y[(size_t)row * N + col] = static_cast<T>(gt / (1.0f + expf(-gt)) * ut);"""
+
+_PTX_TYPE = {mx.bfloat16: "bf16", mx.float16: "f16"}
+_ON_CUDA = mx.cuda.is_available()
+_kernels = {}
+
+
+def _select(groups: int, swiglu: bool) -> str:
+    """C++ that points the block at its weight panel(s) and output."""
+    if swiglu:
+        return "wp[0] = w0; wp[1] = w1; y = y0; N = w0_shape[0];"
+    lines, base = [], ""
+    for i in range(groups):
+        body = f"{{ {f'blk -= {base}; ' if base else ''}wp[0] = w{i}; y = y{i}; N = w{i}_shape[0]; }}"
+        if i + 1 < groups:
+            bound = f"{base} + NB{i}" if base else f"NB{i}"
+            lines.append(f"{'else ' if i else ''}if (blk < {bound}) {body}")
+            base = bound
+        else:
+            lines.append(f"else {body}" if i else body)
+    return "\n  ".join(lines)
+
+
+def _kernel(dtype, groups: int, bias: bool, swiglu: bool):
+    key = (dtype, groups, bias, swiglu)
+    if key not in _kernels:
+        ptx = _PTX_TYPE[dtype]
+        kind = "swiglu" if swiglu else f"g{groups}" + ("_bias" if bias else "")
+        epilogue = _SWIGLU if swiglu else _BIAS if bias else _PLAIN
+        _kernels[key] = mx.fast.cuda_kernel(
+            name=f"dflash_block_linear_{ptx}_{kind}",
+            input_names=["x"]
+            + [f"w{i}" for i in range(groups)]
+            + (["bias"] if bias else []),
+            output_names=["y0"] if swiglu else [f"y{i}" for i in range(groups)],
+            source=_SOURCE.replace("SELECT", _select(groups, swiglu)).replace(
+                "EPILOGUE", epilogue
+            ),
+            header=_HEADER.replace("MMA_T", ptx),
+        )
+    return _kernels[key]
+
+
+def tiles_columns(ns: Sequence[int]) -> int:
+    """Output columns per thread block: 32, or 16 where 32 does not divide every
+    n or would leave too few blocks to keep every SM streaming."""
+    return 32 if all(n % 32 == 0 for n in ns) and sum(ns) // 32 >= 128 else 16
+
+
+def applies(x: mx.array, *weights: mx.array) -> bool:
+    """Whether the kernel takes `x @ w.T` for each of `weights` (else stock)."""
+    if x.ndim < 2 or not _ON_CUDA or mx.default_device() != mx.gpu:
+        return False
+    k = x.shape[-1]
+    rows = x.size // max(k, 1)
+    if x.dtype not in _PTX_TYPE or not 1 < rows <= MAX_ROWS or k % (WARPS * K_CHUNK):
+        return False
+    return all(
+        w.ndim == 2 and w.dtype == x.dtype and w.shape[1] == k and w.shape[0] % 16 == 0
+        for w in weights
+    )
+
+
+def _launch(x, weights, bias=None, swiglu=False, cols=None, warps=WARPS):
+    k = x.shape[-1]
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k)
+    m = x2.shape[0]
+    ns = [w.shape[0] for w in weights]
+    cols = cols or tiles_columns(ns[:1] if swiglu else ns)
+    blocks = [n // cols for n in ns]
+    template = [
+        ("T", x.dtype),
+        ("MT", (m + 15) // 16),
+        ("NT", cols // 8),
+        ("WARPS", warps),
+        ("P", 2 if swiglu else 1),
+    ] + [(f"NB{i}", b) for i, b in enumerate(blocks[:-1])]
+    kernel = _kernel(x.dtype, len(weights), bias is not None, swiglu)
+    out = kernel(
+        inputs=[x2, *weights] + ([bias] if bias is not None else []),
+        template=template,
+        grid=((blocks[0] if swiglu else sum(blocks)) * 32 * warps, 1, 1),
+        threadgroup=(32 * warps, 1, 1),
+        output_shapes=[(m, ns[0])] if swiglu else [(m, n) for n in ns],
+        output_dtypes=[x.dtype] * (1 if swiglu else len(ns)),
+    )
+    return [y.reshape(*lead, y.shape[-1]) for y in out]
+
+
+def block_matmul(
+    x: mx.array,
+    weight: mx.array,
+    bias: Optional[mx.array] = None,
+    *,
+    cols: Optional[int] = None,
+    warps: int = WARPS,
+) -> mx.array:
+    """`x @ weight.T (+ bias)` for 2-64 rows of x in one kernel (see `applies`).
+
+    `cols` (8, 16, 32) and `warps` (K split per block) override the tiling,
+    for probes.
+    """
+    return _launch(x, [weight], bias, cols=cols, warps=warps)[0]
+
+
+def block_matmuls(x: mx.array, weights: Sequence[mx.array]) -> List[mx.array]:
+    """`[x @ w.T for w in weights]` (up to 3, e.g. q, k, v) in one launch."""
+    return _launch(x, list(weights))
+
+
+def block_swiglu(x: mx.array, gate: mx.array, up: mx.array) -> mx.array:
+    """`silu(x @ gate.T) * (x @ up.T)` in one launch (an MLP's first half)."""
+    return _launch(x, [gate, up], swiglu=True)[0]
+
+
+class BlockLinear(nn.Linear):
+    """`nn.Linear` whose blocks of 2-64 rows take `block_matmul`.
+
+    Given to plain `nn.Linear` instances only inside `block_linears`.
+    """
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if applies(x, self.weight):
+            return block_matmul(x, self.weight, self.get("bias"))
+        return super().__call__(x)
+
+
+# MLP classes whose __call__ is `down_proj(swiglu(gate_proj(x), up_proj(x)))`.
+MIRRORED_MLP = {
+    "mlx_lm.models.llama.MLP",
+    "mlx_lm.models.qwen2.MLP",
+    "mlx_lm.models.qwen3.MLP",
+    "mlx_lm.models.qwen3_moe.MLP",
+    "mlx_lm.models.qwen3_next.Qwen3NextMLP",
+}
+
+
+class BlockMLP(Wrapper):
+    """Wraps one mirrored MLP instance: for a block of 2-64 rows, gate, up and
+    SwiGLU are one launch (`block_swiglu`); everything else is the stock MLP."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        mlp = self.inner
+        g, u = mlp.gate_proj, mlp.up_proj
+        if "bias" in g or "bias" in u or not applies(x, g.weight, u.weight):
+            return mlp(x)
+        if g.weight.shape != u.weight.shape:
+            return mlp(x)
+        return mlp.down_proj(block_swiglu(x, g.weight, u.weight))
+
+
+def wrap_mlp(mlp) -> Optional[BlockMLP]:
+    """A `BlockMLP` around `mlp` if its class is mirrored, else None."""
+    name = f"{type(mlp).__module__}.{type(mlp).__qualname__}"
+    return BlockMLP(mlp) if name in MIRRORED_MLP else None
+
+
+def plain_linears(module: nn.Module) -> List[nn.Linear]:
+    """The plain (unquantized, exact-type) `nn.Linear` instances under `module`."""
+    return [m for _, m in module.named_modules() if type(m) is nn.Linear]
+
+
+@contextmanager
+def block_linears(layers: Iterable[nn.Linear]):
+    """Within the block, `layers` (plain `nn.Linear` instances) are `BlockLinear`."""
+    layers = list(layers)
+    for l in layers:
+        l.__class__ = BlockLinear
+    try:
+        yield
+    finally:
+        for l in layers:
+            l.__class__ = nn.Linear
+
+
+def default_block_linear(on: Optional[bool]) -> bool:
+    """None: on where the kernel runs (CUDA), off elsewhere."""
+    return mx.cuda.is_available() if on is None else on

@@ -1,0 +1,209 @@
+"""Block linear kernel (linear.py): equals the stock product on CUDA; the
+model instance stays stock outside `Target.forward`; off CUDA nothing changes."""
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from mlx_lm.models import qwen3
+from models import tiny_model
+
+from mlx_dflash.linear import (
+    BlockLinear,
+    applies,
+    block_matmul,
+    block_matmuls,
+    block_swiglu,
+    plain_linears,
+)
+from mlx_dflash.target import Target
+
+on_cuda = pytest.mark.skipif(not mx.cuda.is_available(), reason="needs MLX CUDA")
+
+
+def reference(x, w, b=None):
+    y = x.astype(mx.float32) @ w.astype(mx.float32).T
+    return y if b is None else y + b.astype(mx.float32)
+
+
+@on_cuda
+@pytest.mark.parametrize("rows", [2, 7, 16, 17, 40, 64])
+@pytest.mark.parametrize("n,k", [(48, 512), (4096, 1024), (6144, 4096), (1024, 12288)])
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+def test_kernel_matches_fp32_product(rows, n, k, dtype):
+    mx.random.seed(rows + n)
+    x = mx.random.normal((1, rows, k)).astype(dtype)
+    w = (mx.random.normal((n, k)) * k**-0.5).astype(dtype)
+    assert applies(x, w)
+    y = block_matmul(x, w)
+    assert y.shape == (1, rows, n) and y.dtype == dtype
+    err = np.abs(np.array(y.astype(mx.float32)) - np.array(reference(x, w)))
+    # Output rounding to bf16/fp16 dominates: |y| is ~1 here.
+    assert err.max() < (2e-2 if dtype == mx.bfloat16 else 4e-3)
+
+
+@on_cuda
+def test_kernel_adds_bias():
+    x = mx.random.normal((16, 512)).astype(mx.bfloat16)
+    w = (mx.random.normal((64, 512)) * 0.05).astype(mx.bfloat16)
+    b = mx.random.normal((64,)).astype(mx.bfloat16)
+    err = np.abs(
+        np.array(block_matmul(x, w, b).astype(mx.float32) - reference(x, w, b))
+    )
+    assert err.max() < 3e-2
+
+
+@on_cuda
+@pytest.mark.parametrize("rows", [2, 16, 33])
+def test_grouped_and_swiglu_kernels(rows):
+    mx.random.seed(rows)
+    k = 1024
+    x = mx.random.normal((1, rows, k)).astype(mx.bfloat16)
+    ws = [
+        (mx.random.normal((n, k)) * k**-0.5).astype(mx.bfloat16)
+        for n in (512, 128, 128)
+    ]
+    for y, w in zip(block_matmuls(x, ws), ws):
+        assert y.shape == (1, rows, w.shape[0])
+        err = np.abs(np.array(y.astype(mx.float32)) - np.array(reference(x, w)))
+        assert err.max() < 2e-2
+    g, u = ws[0], (mx.random.normal((512, k)) * k**-0.5).astype(mx.bfloat16)
+    # As stock: SwiGLU of the two products rounded to bf16.
+    gt, ut = [reference(x, w).astype(mx.bfloat16).astype(mx.float32) for w in (g, u)]
+    ref = np.array(nn.silu(gt) * ut)
+    err = np.abs(np.array(block_swiglu(x, g, u).astype(mx.float32)) - ref)
+    assert (err <= 2e-2 * (1 + np.abs(ref))).all()
+
+
+def test_applies_only_to_tiled_blocks():
+    w = mx.zeros((64, 512), mx.bfloat16)
+    ok = mx.cuda.is_available()
+    assert applies(mx.zeros((16, 512), mx.bfloat16), w) == ok
+    assert not applies(mx.zeros((1, 512), mx.bfloat16), w)  # one row: MLX's gemv
+    assert not applies(mx.zeros((65, 512), mx.bfloat16), w)  # a prefill chunk
+    assert not applies(mx.zeros((16, 512), mx.float32), w.astype(mx.float32))
+    assert not applies(
+        mx.zeros((16, 256), mx.bfloat16), mx.zeros((64, 256), mx.bfloat16)
+    )
+    assert not applies(
+        mx.zeros((16, 512), mx.bfloat16), mx.zeros((40, 512), mx.bfloat16)
+    )
+
+
+def test_instances_are_stock_outside_forward():
+    model = tiny_model("qwen3")
+    target = Target(model, block_linear=True)
+    linears = plain_linears(model.model)
+    assert len(linears) == 7 * len(model.model.layers) and target._linears == linears
+    x = mx.array([[1, 2, 3, 4]])
+    ref = model(x)
+    logits, _ = target.forward(x, target.make_cache(bucket=False))
+    assert all(type(l) is nn.Linear for l in linears)
+    # Off CUDA every product falls back to the stock one: identical logits.
+    if not mx.cuda.is_available():
+        assert mx.array_equal(logits, ref).item()
+
+
+def test_block_linear_falls_back_for_other_inputs():
+    layer = nn.Linear(8, 4)
+    x = mx.random.normal((3, 8))
+    ref = layer(x)
+    layer.__class__ = BlockLinear
+    assert mx.array_equal(layer(x), ref).item()
+
+
+@on_cuda
+def test_verify_logits_close_to_stock_products_bf16():
+    """A bf16 target whose every linear takes the kernel: same logits as without
+    it, up to bf16 rounding of the two products' different summation order."""
+    args = qwen3.ModelArgs(
+        model_type="qwen3",
+        hidden_size=512,
+        num_hidden_layers=2,
+        intermediate_size=1024,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=128,
+        rms_norm_eps=1e-6,
+        vocab_size=1024,
+        max_position_embeddings=4096,
+        rope_theta=1e6,
+        tie_word_embeddings=True,
+    )
+    mx.random.seed(0)
+    model = qwen3.Model(args)
+    model.set_dtype(mx.bfloat16)
+    model.eval()
+    tokens = mx.random.randint(0, 1024, (1, 16))
+    out = []
+    for on in (False, True):
+        target = Target(model, block_linear=on)
+        out.append(target.forward(tokens, target.make_cache())[0].astype(mx.float32))
+    assert np.abs(np.array(out[0] - out[1])).max() < 0.1
+    assert (mx.argmax(out[0], -1) == mx.argmax(out[1], -1)).mean().item() > 0.9
+
+
+@pytest.fixture
+def kernel_as_ops(monkeypatch):
+    """The kernels' contract written as ops, so CPU tests drive every wrapper
+    (BlockLinear, fused q/k/v in BlockAttention, BlockMLP, the head) exactly
+    where CUDA would launch a kernel, and count the launches."""
+    import mlx_dflash.attention as attention
+    import mlx_dflash.linear as linear
+    import mlx_dflash.target as target
+
+    calls = {"matmul": 0, "qkv": 0, "swiglu": 0}
+
+    def applies(x, *ws):
+        rows = x.size // x.shape[-1]
+        return 1 < rows <= linear.MAX_ROWS and all(
+            w.dtype == x.dtype and w.shape[1] == x.shape[-1] for w in ws
+        )
+
+    def block_matmul(x, w, bias=None):
+        calls["matmul"] += 1
+        return x @ w.T if bias is None else x @ w.T + bias
+
+    def block_matmuls(x, ws):
+        calls["qkv"] += 1
+        return [x @ w.T for w in ws]
+
+    def block_swiglu(x, g, u):
+        calls["swiglu"] += 1
+        return nn.silu(x @ g.T) * (x @ u.T)
+
+    for m in (attention, linear, target):
+        monkeypatch.setattr(m, "applies", applies)
+    monkeypatch.setattr(linear, "block_matmul", block_matmul)
+    monkeypatch.setattr(target, "block_matmul", block_matmul)
+    monkeypatch.setattr(attention, "block_matmuls", block_matmuls)
+    monkeypatch.setattr(linear, "block_swiglu", block_swiglu)
+    return calls
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "qwen3_5"])
+@pytest.mark.parametrize("kind", ["oracle", "dflash"])
+def test_greedy_through_block_wrappers_equals_stock(kernel_as_ops, family, kind):
+    """fp32, partial acceptances throughout: the wrappers mirror the stock
+    layers (qwen2's q/k/v biases take the per-layer path; qwen3_5's gated
+    attention and GatedDeltaNet only BlockLinear)."""
+    from test_decode import N, make_drafter, run, setup
+
+    model, ref = setup(family)
+    target = Target(model, block_linear=True, block_attention_from=None)
+    drafter = make_drafter(kind, target, ref)
+    out, stats = run(
+        target,
+        drafter,
+        cache=target.make_cache(bucket=True),
+        max_tokens=N,
+        block_size=16,
+        prefill_step_size=5,
+    )
+    assert out == ref and stats.cycles > 0
+    assert kernel_as_ops["matmul"] > 0  # o/down projections and the head
+    if family in ("llama", "qwen3"):
+        assert kernel_as_ops["qkv"] > 0
+    if family != "qwen2":
+        assert kernel_as_ops["swiglu"] > 0
+    assert all(type(l) is nn.Linear for l in plain_linears(model))
