@@ -38,10 +38,14 @@ def main():
     p.add_argument("--block", type=int, default=16)
     p.add_argument("--every", type=int, default=4)
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument(
+        "--block-linear", choices=["on", "off"], default="on", help="linear.py kernel"
+    )
     args = p.parse_args()
     model = build_target(args.shape)
     prompt = mx.random.randint(0, 1000, (args.context,))
     out = {"shape": args.shape, "context": args.context, "block": args.block}
+    out["block_linear"] = args.block_linear
 
     # Stock: mlx_lm's own loop (pipelined) and a synchronous single step.
     n = 64
@@ -53,7 +57,9 @@ def main():
         next(gen)
     out["ar_pipelined"] = round((time.perf_counter() - tic) * 1e3 / n, 3)
 
-    target = Target(model, flush_every=args.every)
+    target = Target(
+        model, flush_every=args.every, block_linear=args.block_linear == "on"
+    )
     cache = target.make_cache()
     mx.eval(target.forward(prompt[None], cache, last_only=True)[0])
     block = mx.random.randint(0, 1000, (1, args.block)).astype(mx.uint32)

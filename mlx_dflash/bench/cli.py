@@ -11,6 +11,7 @@ import json
 import shlex
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import List
 
@@ -118,6 +119,15 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     p.add_argument("--prefill-step-size", type=int, default=2048)
     p.add_argument(
+        "--block-linear",
+        type=_names,
+        default=["auto"],
+        help="verify and draft blocks through the linear layers with our kernel "
+        "(linear.py): auto (on CUDA, where it exists), on, or off (MLX's own "
+        "products); a comma list (on,off) runs every arm once per choice, "
+        "alternating within each case",
+    )
+    p.add_argument(
         "--no-profile", action="store_true", help="skip the per-part cycle profile"
     )
     p.add_argument("--no-png", action="store_true")
@@ -146,6 +156,12 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
+def _on(choice: str):
+    if choice not in ("auto", "on", "off"):
+        raise SystemExit(f"--block-linear: {choice!r} is not auto, on or off")
+    return None if choice == "auto" else choice == "on"
+
+
 def load(args):
     """(target, tokenizer or None, label, vocab size, draft maker)."""
     dtype = getattr(mx, args.dtype) if args.dtype else None
@@ -154,7 +170,7 @@ def load(args):
         model = build_target(
             args.shape, dtype=dtype, seed=args.seed, peaked=args.peaked
         )
-        target = Target(model)
+        target = Target(model, block_linear=_on(args.block_linear[0]))
         layers = args.draft_layers or 5
         make = lambda: build_draft(
             args.shape,
@@ -172,7 +188,9 @@ def load(args):
         from ..gguf import find_default_gguf
 
         path = str(find_default_gguf())
-    target, tokenizer = load_target(path, dtype=dtype)
+    target, tokenizer = load_target(
+        path, dtype=dtype, block_linear=_on(args.block_linear[0])
+    )
     layers = args.draft_layers or 1
     make = lambda: draft_for_target(
         target.model,
@@ -235,6 +253,16 @@ def make_arms(args, target, vocab, make_draft):
     if args.fallback:
         for arm in arms:
             arm.fallback = Fallback()
+    if len(args.block_linear) > 1:
+        arms = [
+            replace(
+                arm,
+                name=f"{arm.name} linear={choice}",
+                setup=lambda on=_on(choice): target.set_block_linear(on),
+            )
+            for arm in arms
+            for choice in args.block_linear
+        ]
     return arms
 
 

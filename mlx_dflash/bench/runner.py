@@ -58,6 +58,15 @@ class Arm:
     tau_target: Optional[float] = None
     calibrate: bool = False
     fallback: Optional[Fallback] = None  # plain decoding while speculation loses
+    # Called before each of the arm's runs (e.g. the target's kernel choice,
+    # so two arms can differ in it and still alternate within one case).
+    setup: Optional[Callable[[], None]] = None
+
+    def start(self, reference: List[int]):
+        """Apply `setup`, then return a fresh drafter."""
+        if self.setup is not None:
+            self.setup()
+        return self.make(reference)
 
 
 @dataclass
@@ -318,7 +327,7 @@ def run_case(
     profiles = {}
     if profile:
         for arm in arms:
-            drafter = arm.make(list(case.prompt) + ref)
+            drafter = arm.start(list(case.prompt) + ref)
             profiles[arm.name] = profile_cycle(
                 target, case.prompt, drafter, arm.block_size
             )
@@ -333,7 +342,7 @@ def run_case(
         passes, cold = 0, None
         calibrate = arm.calibrate and not sampled
         for passes in range(1, (4 if calibrate else 1) + 1):
-            drafter = arm.make(list(case.prompt) + out)
+            drafter = arm.start(list(case.prompt) + out)
             r = run_spec(
                 target,
                 case.prompt,
@@ -367,7 +376,7 @@ def run_case(
                 res = run_baseline(target, case.prompt, N, prefill_step, params(r))
             else:
                 arm = by_name[name]
-                drafter = arm.make(references[name])
+                drafter = arm.start(references[name])
                 res = run_spec(
                     target,
                     case.prompt,
