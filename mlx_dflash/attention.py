@@ -20,7 +20,7 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from .linear import applies, block_matmuls
+from .linear import BlockLinear, applies, block_matmuls
 from .wrapper import Wrapper
 
 # Attention classes whose __call__ is: q/k/v projections, optional per-head
@@ -68,6 +68,36 @@ def block_attention(q, k, v, scale: float, mask, from_keys: float) -> mx.array:
     return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
 
 
+def attend(a: nn.Module, q, k, v, mask, cache, from_keys: float) -> mx.array:
+    """Mirrored layer `a`'s attention from its q/k/v projections (B, L, ·) to
+    the input of its o_proj: per-head norms, RoPE, cache update, attention."""
+    B, L, _ = q.shape
+    q = q.reshape(B, L, a.n_heads, -1)
+    k = k.reshape(B, L, a.n_kv_heads, -1)
+    v = v.reshape(B, L, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
+    if "q_norm" in a:
+        q, k = a.q_norm(q), a.k_norm(k)
+    q = a.rope(q.transpose(0, 2, 1, 3), offset=cache.offset)
+    k = a.rope(k.transpose(0, 2, 1, 3), offset=cache.offset)
+    k, v = cache.update_and_fetch(k, v)
+    out = block_attention(q, k, v, a.scale, mask, from_keys)
+    return out.transpose(0, 2, 1, 3).reshape(B, L, -1)
+
+
+def fusable(*layers: nn.Module) -> bool:
+    """Whether one kernel launch can take these linear layers' products
+    (plain Linear layers without biases; shapes are checked per call)."""
+    return all(type(l) in (nn.Linear, BlockLinear) and "bias" not in l for l in layers)
+
+
+def is_block(x: mx.array, cache) -> bool:
+    """Whether this call is a verify/draft-sized block over a plain KV cache
+    (quantized caches, `bits`, are attended mlx_lm's own way)."""
+    return (
+        cache is not None and not hasattr(cache, "bits") and 1 < x.shape[1] <= MAX_BLOCK
+    )
+
+
 class BlockAttention(Wrapper):
     """Wraps one mirrored attention layer instance (see module docstring).
 
@@ -78,37 +108,21 @@ class BlockAttention(Wrapper):
     def __init__(self, inner: nn.Module, from_keys: float, fuse_qkv: bool = False):
         super().__init__(inner)
         self.from_keys = from_keys
-        self.fuse_qkv = fuse_qkv
+        self.fuse_qkv = fuse_qkv and fusable(inner.q_proj, inner.k_proj, inner.v_proj)
 
     def __call__(self, x: mx.array, mask=None, cache=None):
         a = self.inner
-        B, L, _ = x.shape
-        # Quantized caches (`bits`) are attended mlx_lm's own way.
-        if cache is None or hasattr(cache, "bits") or not 1 < L <= MAX_BLOCK:
+        if not is_block(x, cache):
             return a(x, mask=mask, cache=cache)
         ws = [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
-        fuse = (
-            self.fuse_qkv
-            and "bias" not in a.q_proj
-            and "bias" not in a.k_proj
-            and "bias" not in a.v_proj
-            and applies(x, *ws)
-        )
-        if not fuse and cache.offset + L < self.from_keys:
+        fuse = self.fuse_qkv and applies(x, *ws)
+        if not fuse and cache.offset + x.shape[1] < self.from_keys:
             return a(x, mask=mask, cache=cache)
-        q, k, v = (
-            block_matmuls(x, ws) if fuse else (a.q_proj(x), a.k_proj(x), a.v_proj(x))
-        )
-        q = q.reshape(B, L, a.n_heads, -1)
-        k = k.reshape(B, L, a.n_kv_heads, -1)
-        v = v.reshape(B, L, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
-        if "q_norm" in a:
-            q, k = a.q_norm(q), a.k_norm(k)
-        q = a.rope(q.transpose(0, 2, 1, 3), offset=cache.offset)
-        k = a.rope(k.transpose(0, 2, 1, 3), offset=cache.offset)
-        k, v = cache.update_and_fetch(k, v)
-        out = block_attention(q, k, v, a.scale, mask, self.from_keys)
-        return a.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        if fuse:
+            q, k, v = block_matmuls(x, ws)
+        else:
+            q, k, v = a.q_proj(x), a.k_proj(x), a.v_proj(x)
+        return a.o_proj(attend(a, q, k, v, mask, cache, self.from_keys))
 
 
 def default_from_keys(from_keys: Optional[int]) -> float:

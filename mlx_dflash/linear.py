@@ -60,6 +60,7 @@ _SOURCE = """
   const int n0 = blk * (8 * NT);
 
   float acc[P][MT][NT][4] = {};
+  float ss[MT][2] = {};  // NORM: sums of squares of rows g, g + 8 (this lane's k)
 
   #pragma unroll 2
   for (int kc = k_begin; kc < k_begin + kper; kc += 64) {
@@ -75,6 +76,7 @@ _SOURCE = """
         wv[p][j][1] = q[1];
       }
     }
+    NORM_LOAD
     #pragma unroll
     for (int m = 0; m < MT; ++m) {
       const int r0 = m * 16 + g, r1 = r0 + 8;
@@ -90,6 +92,7 @@ _SOURCE = """
         xb[0] = q[0];
         xb[1] = q[1];
       }
+      NORM_APPLY
       const unsigned* ua = reinterpret_cast<const unsigned*>(xa);
       const unsigned* ub = reinterpret_cast<const unsigned*>(xb);
       #pragma unroll
@@ -109,6 +112,7 @@ _SOURCE = """
 
   // Sum the WARPS partial tiles through shared memory, one row tile at a time.
   __shared__ float part[P][WARPS][16][8 * NT];
+  NORM_REDUCE
   #pragma unroll
   for (int m = 0; m < MT; ++m) {
     #pragma unroll
@@ -133,6 +137,7 @@ _SOURCE = """
           v[p] = 0.0f;
           for (int i = 0; i < WARPS; ++i) v[p] += part[p][i][r][c];
         }
+        NORM_SCALE
         EPILOGUE
       }
     }
@@ -140,14 +145,59 @@ _SOURCE = """
   }
 """
 
-_PLAIN = "y[(size_t)row * N + col] = static_cast<T>(v[0]);"
-_BIAS = (
-    "y[(size_t)row * N + col] = static_cast<T>(v[0] + static_cast<float>(bias[col]));"
+_OUT = "y[(size_t)row * N + col]"
+_PLAIN = _OUT + " = static_cast<T>(v[0]);"
+_BIAS = _OUT + " = static_cast<T>(v[0] + static_cast<float>(bias[col]));"
+# As stock: the product rounded to T, then the residual added and rounded.
+_RESIDUAL = (
+    _OUT + " = static_cast<T>(static_cast<float>(static_cast<T>(v[0])) + "
+    "static_cast<float>(res[(size_t)row * N + col]));"
 )
 # SwiGLU as stock computes it from the two rounded products: silu(gate) * up.
 _SWIGLU = """const float gt = static_cast<float>(static_cast<T>(v[0]));
         const float ut = static_cast<float>(static_cast<T>(v[1]));
         y[(size_t)row * N + col] = static_cast<T>(gt / (1.0f + expf(-gt)) * ut);"""
+
+# RMSNorm of x folded in: the mma reads x * norm_weight (rounded to T), and
+# the sum is scaled by the row's 1 / rms, which every lane's squares make up.
+_NORM_LOAD = """uint4 nv[2];
+    {
+      const uint4* q = reinterpret_cast<const uint4*>(nw + kk);
+      nv[0] = q[0];
+      nv[1] = q[1];
+    }
+    const T* nt = reinterpret_cast<const T*>(nv);"""
+_NORM_APPLY = """{
+        T* ta = reinterpret_cast<T*>(xa);
+        T* tb = reinterpret_cast<T*>(xb);
+        #pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          const float fa = static_cast<float>(ta[i]), fb = static_cast<float>(tb[i]);
+          const float fn = static_cast<float>(nt[i]);
+          ss[m][0] += fa * fa;
+          ss[m][1] += fb * fb;
+          ta[i] = static_cast<T>(fa * fn);
+          tb[i] = static_cast<T>(fb * fn);
+        }
+      }"""
+_NORM_REDUCE = """__shared__ float ssum[WARPS][MT * 16];
+  #pragma unroll
+  for (int m = 0; m < MT; ++m) {
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float q = ss[m][h];
+      q += __shfl_xor_sync(0xffffffff, q, 1);
+      q += __shfl_xor_sync(0xffffffff, q, 2);
+      if (t == 0) ssum[warp][m * 16 + h * 8 + g] = q;
+    }
+  }"""
+_NORM_SCALE = """{
+          float q = 0.0f;
+          for (int i = 0; i < WARPS; ++i) q += ssum[i][row];
+          const float scale = rsqrtf(q / K + EPS);
+          #pragma unroll
+          for (int p = 0; p < P; ++p) v[p] *= scale;
+        }"""
 
 _PTX_TYPE = {mx.bfloat16: "bf16", mx.float16: "f16"}
 _ON_CUDA = mx.cuda.is_available()
@@ -170,21 +220,37 @@ def _select(groups: int, swiglu: bool) -> str:
     return "\n  ".join(lines)
 
 
-def _kernel(dtype, groups: int, bias: bool, swiglu: bool):
-    key = (dtype, groups, bias, swiglu)
+def _kernel(dtype, groups: int, bias: bool, swiglu: bool, eps, residual: bool):
+    """The kernel for one combination; `eps` (None: no RMSNorm) is compiled in."""
+    key = (dtype, groups, bias, swiglu, eps, residual)
     if key not in _kernels:
         ptx = _PTX_TYPE[dtype]
-        kind = "swiglu" if swiglu else f"g{groups}" + ("_bias" if bias else "")
-        epilogue = _SWIGLU if swiglu else _BIAS if bias else _PLAIN
+        norm = eps is not None
+        kind = "swiglu" if swiglu else f"g{groups}"
+        kind += "_bias" * bias + "_res" * residual + (f"_norm{eps:g}" if norm else "")
+        epilogue = (
+            _SWIGLU if swiglu else _BIAS if bias else _RESIDUAL if residual else _PLAIN
+        )
+        source = _SOURCE
+        for name, code in [
+            ("SELECT", _select(groups, swiglu)),
+            ("NORM_LOAD", _NORM_LOAD if norm else ""),
+            ("NORM_APPLY", _NORM_APPLY if norm else ""),
+            ("NORM_REDUCE", _NORM_REDUCE if norm else ""),
+            ("NORM_SCALE", _NORM_SCALE if norm else ""),
+            ("EPILOGUE", epilogue),
+            ("EPS", f"{float(eps)!r}f" if norm else ""),
+        ]:
+            source = source.replace(name, code)
+        inputs = ["x"] + [f"w{i}" for i in range(groups)]
+        inputs += ["bias"] * bias + ["res"] * residual + ["nw"] * norm
         _kernels[key] = mx.fast.cuda_kernel(
-            name=f"dflash_block_linear_{ptx}_{kind}",
-            input_names=["x"]
-            + [f"w{i}" for i in range(groups)]
-            + (["bias"] if bias else []),
-            output_names=["y0"] if swiglu else [f"y{i}" for i in range(groups)],
-            source=_SOURCE.replace("SELECT", _select(groups, swiglu)).replace(
-                "EPILOGUE", epilogue
+            name=f"dflash_block_linear_{ptx}_{kind}".replace(".", "p").replace(
+                "-", "m"
             ),
+            input_names=inputs,
+            output_names=["y0"] if swiglu else [f"y{i}" for i in range(groups)],
+            source=source,
             header=_HEADER.replace("MMA_T", ptx),
         )
     return _kernels[key]
@@ -196,21 +262,42 @@ def tiles_columns(ns: Sequence[int]) -> int:
     return 32 if all(n % 32 == 0 for n in ns) and sum(ns) // 32 >= 128 else 16
 
 
+def tiled(dtype, *weights: mx.array) -> bool:
+    """Whether the kernel tiles products with these weights for `dtype` inputs."""
+    return dtype in _PTX_TYPE and all(
+        w.ndim == 2
+        and w.dtype == dtype
+        and w.shape[1] % (WARPS * K_CHUNK) == 0
+        and w.shape[0] % 16 == 0
+        for w in weights
+    )
+
+
 def applies(x: mx.array, *weights: mx.array) -> bool:
     """Whether the kernel takes `x @ w.T` for each of `weights` (else stock)."""
     if x.ndim < 2 or not _ON_CUDA or mx.default_device() != mx.gpu:
         return False
     k = x.shape[-1]
     rows = x.size // max(k, 1)
-    if x.dtype not in _PTX_TYPE or not 1 < rows <= MAX_ROWS or k % (WARPS * K_CHUNK):
-        return False
-    return all(
-        w.ndim == 2 and w.dtype == x.dtype and w.shape[1] == k and w.shape[0] % 16 == 0
-        for w in weights
+    return (
+        1 < rows <= MAX_ROWS
+        and tiled(x.dtype, *weights)
+        and all(w.shape[1] == k for w in weights)
     )
 
 
-def _launch(x, weights, bias=None, swiglu=False, cols=None, warps=WARPS):
+def _launch(
+    x,
+    weights,
+    bias=None,
+    swiglu=False,
+    norm=None,
+    residual=None,
+    cols=None,
+    warps=WARPS,
+):
+    """One kernel launch; `norm` = (weight, eps) of an RMSNorm applied to x first,
+    `residual` an array added to the (single) output."""
     k = x.shape[-1]
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
@@ -225,9 +312,19 @@ def _launch(x, weights, bias=None, swiglu=False, cols=None, warps=WARPS):
         ("WARPS", warps),
         ("P", 2 if swiglu else 1),
     ] + [(f"NB{i}", b) for i, b in enumerate(blocks[:-1])]
-    kernel = _kernel(x.dtype, len(weights), bias is not None, swiglu)
+    inputs = [x2, *weights]
+    if bias is not None:
+        inputs.append(bias)
+    if residual is not None:
+        inputs.append(residual.reshape(m, ns[0]))
+    if norm is not None:
+        inputs.append(norm[0])
+    eps = None if norm is None else float(norm[1])
+    kernel = _kernel(
+        x.dtype, len(weights), bias is not None, swiglu, eps, residual is not None
+    )
     out = kernel(
-        inputs=[x2, *weights] + ([bias] if bias is not None else []),
+        inputs=inputs,
         template=template,
         grid=((blocks[0] if swiglu else sum(blocks)) * 32 * warps, 1, 1),
         threadgroup=(32 * warps, 1, 1),
@@ -242,25 +339,31 @@ def block_matmul(
     weight: mx.array,
     bias: Optional[mx.array] = None,
     *,
+    residual: Optional[mx.array] = None,
     cols: Optional[int] = None,
     warps: int = WARPS,
 ) -> mx.array:
-    """`x @ weight.T (+ bias)` for 2-64 rows of x in one kernel (see `applies`).
+    """`x @ weight.T (+ bias)` for 2-64 rows of x in one kernel (see `applies`);
+    with `residual`, `residual + x @ weight.T` (no bias then).
 
     `cols` (8, 16, 32) and `warps` (K split per block) override the tiling,
     for probes.
     """
-    return _launch(x, [weight], bias, cols=cols, warps=warps)[0]
+    return _launch(x, [weight], bias, residual=residual, cols=cols, warps=warps)[0]
 
 
-def block_matmuls(x: mx.array, weights: Sequence[mx.array]) -> List[mx.array]:
-    """`[x @ w.T for w in weights]` (up to 3, e.g. q, k, v) in one launch."""
-    return _launch(x, list(weights))
+def block_matmuls(
+    x: mx.array, weights: Sequence[mx.array], norm=None
+) -> List[mx.array]:
+    """`[x @ w.T for w in weights]` (up to 3, e.g. q, k, v) in one launch; with
+    `norm` = (weight, eps), of `rms_norm(x, weight, eps)` instead of x."""
+    return _launch(x, list(weights), norm=norm)
 
 
-def block_swiglu(x: mx.array, gate: mx.array, up: mx.array) -> mx.array:
-    """`silu(x @ gate.T) * (x @ up.T)` in one launch (an MLP's first half)."""
-    return _launch(x, [gate, up], swiglu=True)[0]
+def block_swiglu(x: mx.array, gate: mx.array, up: mx.array, norm=None) -> mx.array:
+    """`silu(x @ gate.T) * (x @ up.T)` in one launch (an MLP's first half);
+    `norm` as in `block_matmuls`."""
+    return _launch(x, [gate, up], swiglu=True, norm=norm)[0]
 
 
 class BlockLinear(nn.Linear):

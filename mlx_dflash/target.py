@@ -15,6 +15,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
 from .attention import default_from_keys, wrap_attention
 from .cache import BucketKVCache
 from .gdn import FastGatedDeltaNet, GatedDeltaNet, StepStates
+from .layer import wrap_layer
 from .linear import (
     BlockLinear,
     applies,
@@ -146,8 +147,9 @@ class Target:
         self._flush_taps = [self._tap(i) for i in every]
         for t in self._flush_taps:
             t._flush = True
+        self.block_attention_from = default_from_keys(block_attention_from)
         self._install_block_linear(default_block_linear(block_linear))
-        self._install_block_attention(default_from_keys(block_attention_from))
+        self._install_wrappers()
 
     # ---- structure -------------------------------------------------------------
 
@@ -192,45 +194,58 @@ class Target:
                     la[name] = Tap(la[name], keep_input=(name == "conv1d"))
             self.delta_taps[i] = DeltaTaps(la, la.conv1d, la.in_proj_a, la.in_proj_b)
 
-    def _install_block_attention(self, from_keys: float):
-        """Wrap mirrored attention layers, then take the wrappers off again:
-        they are put on only inside `forward`, so the instance stays stock."""
-        self.block_attention_from = from_keys
-        self._block_attention = []
-        if from_keys == float("inf") and not self.block_linear:
-            return
-        for layer in self.layers:
-            inner = _unwrap(layer)
-            stock = inner.get("self_attn", None) if isinstance(inner, dict) else None
-            wrapped = None
-            if stock is not None:
-                wrapped = wrap_attention(stock, from_keys, fuse_qkv=self.block_linear)
-            if wrapped is not None:
-                self._block_attention.append((inner, stock, wrapped))
-
     def set_block_linear(self, on: Optional[bool]):
         """Switch the linear.py kernel on or off (None: the default) for later
         forwards and for drafters made after this call."""
         self._install_block_linear(default_block_linear(on))
-        self._install_block_attention(self.block_attention_from)
+        self._install_wrappers()
 
     def _install_block_linear(self, on: bool):
         """The plain Linear layers that `forward` makes `BlockLinear`, and the
         head's weight when `logits` can take the kernel for it."""
         self.block_linear = on
-        self._linears, self._head_weight, self._block_mlp = [], None, []
+        self._linears, self._head_weight = [], None
         if not on:
             return
         self._linears = plain_linears(self.backbone)
-        for layer in self.layers:
-            inner = _unwrap(layer)
-            stock = inner.get("mlp", None) if isinstance(inner, dict) else None
-            wrapped = None if stock is None else wrap_mlp(stock)
-            if wrapped is not None:
-                self._block_mlp.append((inner, stock, wrapped))
         head = self.lm.get("lm_head", None) or self.embed_tokens
         if type(head) in (nn.Linear, nn.Embedding) and "bias" not in head:
             self._head_weight = head.weight
+
+    def _install_wrappers(self):
+        """Wrappers for verify blocks on mirrored instances, put on only inside
+        `forward` so that the instance stays stock: whole decoder layers
+        (layer.py) with the kernel on, else the attention (fold from
+        `block_attention_from` keys, fused q/k/v) and the MLP separately."""
+        self._block_layers, self._block_attention, self._block_mlp = [], [], []
+        fold = self.block_attention_from != float("inf")
+        for i, layer in enumerate(self.layers):
+            inner = _unwrap(layer)
+            if not isinstance(inner, dict):
+                continue
+            if self.block_linear:
+                wrapped = wrap_layer(inner, self.block_attention_from)
+                if wrapped is not None:
+                    self._block_layers.append((i, inner, wrapped))
+                    continue
+            attn, mlp = inner.get("self_attn", None), inner.get("mlp", None)
+            if attn is not None and (fold or self.block_linear):
+                wrapped = wrap_attention(
+                    attn, self.block_attention_from, fuse_qkv=self.block_linear
+                )
+                if wrapped is not None:
+                    self._block_attention.append((inner, attn, wrapped))
+            if mlp is not None and self.block_linear:
+                wrapped = wrap_mlp(mlp)
+                if wrapped is not None:
+                    self._block_mlp.append((inner, mlp, wrapped))
+
+    def _put_layer(self, i: int, module):
+        """Layer i becomes `module`, under its tap if it has one."""
+        if isinstance(self.layers[i], Tap):
+            self.layers[i].inner = module
+        else:
+            self.layers[i] = module
 
     def make_cache(self, bucket: Optional[bool] = None) -> List[Any]:
         """The model's own cache list, with plain KV caches made bucketed.
@@ -283,6 +298,8 @@ class Target:
             t._capture.flush = flush
         for la in self._fast_delta:
             la.__class__ = FastGatedDeltaNet
+        for i, _, wrapped in self._block_layers:
+            self._put_layer(i, wrapped)
         for layer, _, wrapped in self._block_attention:
             layer.self_attn = wrapped
         for layer, _, wrapped in self._block_mlp:
@@ -298,6 +315,8 @@ class Target:
                 t._capture.flush = False
             for la in self._fast_delta:
                 la.__class__ = GatedDeltaNet
+            for i, stock, _ in self._block_layers:
+                self._put_layer(i, stock)
             for layer, stock, _ in self._block_attention:
                 layer.self_attn = stock
             for layer, stock, _ in self._block_mlp:

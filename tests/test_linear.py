@@ -16,6 +16,7 @@ from mlx_dflash.linear import (
     block_swiglu,
     plain_linears,
 )
+from mlx_dflash.layer import BlockLayer
 from mlx_dflash.target import Target
 
 on_cuda = pytest.mark.skipif(not mx.cuda.is_available(), reason="needs MLX CUDA")
@@ -73,6 +74,30 @@ def test_grouped_and_swiglu_kernels(rows):
     ref = np.array(nn.silu(gt) * ut)
     err = np.abs(np.array(block_swiglu(x, g, u).astype(mx.float32)) - ref)
     assert (err <= 2e-2 * (1 + np.abs(ref))).all()
+
+
+@on_cuda
+@pytest.mark.parametrize("rows", [2, 16, 40])
+def test_norm_and_residual_variants(rows):
+    """RMSNorm folded into the q/k/v and gate/up launches; residual added by o/down."""
+    mx.random.seed(rows)
+    k = 1024
+    h = (mx.random.normal((1, rows, k)) * 3).astype(mx.bfloat16)
+    nw = mx.random.uniform(0.5, 1.5, (k,)).astype(mx.bfloat16)
+    normed = mx.fast.rms_norm(h.astype(mx.float32), nw.astype(mx.float32), 1e-6)
+    ws = [(mx.random.normal((n, k)) * k**-0.5).astype(mx.bfloat16) for n in (512, 128)]
+
+    def close(got, ref, tol=3e-2):
+        got, ref = np.array(got.astype(mx.float32)), np.array(ref)
+        assert (np.abs(got - ref) <= tol * (1 + np.abs(ref))).all()
+
+    for y, w in zip(block_matmuls(h, ws, norm=(nw, 1e-6)), ws):
+        close(y, normed @ w.astype(mx.float32).T)
+    g, u = ws[0], (mx.random.normal((512, k)) * k**-0.5).astype(mx.bfloat16)
+    gt, ut = [normed @ w.astype(mx.float32).T for w in (g, u)]
+    close(block_swiglu(h, g, u, norm=(nw, 1e-6)), nn.silu(gt) * ut)
+    res = mx.random.normal((1, rows, 512)).astype(mx.bfloat16)
+    close(block_matmul(h, g, residual=res), reference(h, g) + res.astype(mx.float32))
 
 
 def test_applies_only_to_tiled_blocks():
@@ -146,13 +171,14 @@ def test_verify_logits_close_to_stock_products_bf16():
 @pytest.fixture
 def kernel_as_ops(monkeypatch):
     """The kernels' contract written as ops, so CPU tests drive every wrapper
-    (BlockLinear, fused q/k/v in BlockAttention, BlockMLP, the head) exactly
-    where CUDA would launch a kernel, and count the launches."""
+    (BlockLinear, BlockLayer, fused q/k/v in BlockAttention, BlockMLP, the
+    head) exactly where CUDA would launch a kernel, and count the launches."""
     import mlx_dflash.attention as attention
+    import mlx_dflash.layer as layer
     import mlx_dflash.linear as linear
     import mlx_dflash.target as target
 
-    calls = {"matmul": 0, "qkv": 0, "swiglu": 0}
+    calls = {"matmul": 0, "residual": 0, "qkv": 0, "swiglu": 0, "norm": 0}
 
     def applies(x, *ws):
         rows = x.size // x.shape[-1]
@@ -160,24 +186,39 @@ def kernel_as_ops(monkeypatch):
             w.dtype == x.dtype and w.shape[1] == x.shape[-1] for w in ws
         )
 
-    def block_matmul(x, w, bias=None):
-        calls["matmul"] += 1
-        return x @ w.T if bias is None else x @ w.T + bias
+    def normed(x, norm):
+        if norm is None:
+            return x
+        calls["norm"] += 1
+        return mx.fast.rms_norm(x, norm[0], norm[1])
 
-    def block_matmuls(x, ws):
+    def block_matmul(x, w, bias=None, residual=None):
+        calls["matmul"] += 1
+        y = x @ w.T if bias is None else x @ w.T + bias
+        if residual is not None:
+            calls["residual"] += 1
+            y = residual + y
+        return y
+
+    def block_matmuls(x, ws, norm=None):
         calls["qkv"] += 1
+        x = normed(x, norm)
         return [x @ w.T for w in ws]
 
-    def block_swiglu(x, g, u):
+    def block_swiglu(x, g, u, norm=None):
         calls["swiglu"] += 1
+        x = normed(x, norm)
         return nn.silu(x @ g.T) * (x @ u.T)
 
-    for m in (attention, linear, target):
+    for m in (attention, layer, linear, target):
         monkeypatch.setattr(m, "applies", applies)
-    monkeypatch.setattr(linear, "block_matmul", block_matmul)
-    monkeypatch.setattr(target, "block_matmul", block_matmul)
-    monkeypatch.setattr(attention, "block_matmuls", block_matmuls)
-    monkeypatch.setattr(linear, "block_swiglu", block_swiglu)
+    monkeypatch.setattr(layer, "tiled", lambda dtype, *ws: True)
+    for m in (layer, linear, target):
+        monkeypatch.setattr(m, "block_matmul", block_matmul)
+    for m in (attention, layer):
+        monkeypatch.setattr(m, "block_matmuls", block_matmuls)
+    for m in (layer, linear):
+        monkeypatch.setattr(m, "block_swiglu", block_swiglu)
     return calls
 
 
@@ -201,9 +242,35 @@ def test_greedy_through_block_wrappers_equals_stock(kernel_as_ops, family, kind)
         prefill_step_size=5,
     )
     assert out == ref and stats.cycles > 0
-    assert kernel_as_ops["matmul"] > 0  # o/down projections and the head
-    if family in ("llama", "qwen3"):
-        assert kernel_as_ops["qkv"] > 0
-    if family != "qwen2":
-        assert kernel_as_ops["swiglu"] > 0
+    calls = kernel_as_ops
+    assert calls["matmul"] > 0  # o/down projections, the head, the draft
+    # Whole layers (norms and residuals fused) where every product is bias-free;
+    # qwen2 (q/k/v biases) takes fused gate/up only; qwen3_5 only per-layer.
+    whole = family in ("llama", "qwen3")
+    assert (calls["norm"] > 0 and calls["residual"] > 0 and calls["qkv"] > 0) == whole
+    assert calls["swiglu"] > 0
+    n = target.num_layers if whole else 0
+    assert len(target._block_layers) == n
     assert all(type(l) is nn.Linear for l in plain_linears(model))
+    assert not any(isinstance(l, BlockLayer) for l in model.model.layers)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_block_layers_keep_taps_and_cache(kernel_as_ops, family):
+    """A verify block through BlockLayer gives the stock forward's logits, tapped
+    features and cache contents (taps wrap the layer wrapper during forward)."""
+    from mlx_dflash.cache import BucketKVCache
+
+    model = tiny_model(family)
+    prompt, block = mx.array([list(range(1, 40))]), mx.array([list(range(5, 21))])
+    out = []
+    for on in (True, False):
+        target = Target(model, capture_layers=[0, 2], block_linear=on)
+        cache = [BucketKVCache() for _ in range(target.num_layers)]
+        target.forward(prompt, cache)
+        out.append((*target.forward(block, cache), cache))
+    (l1, f1, c1), (l2, f2, c2) = out
+    assert kernel_as_ops["residual"] > 0
+    assert mx.array_equal(l1, l2).item() and mx.array_equal(f1, f2).item()
+    for a, b in zip(c1, c2):
+        assert a.offset == b.offset and mx.array_equal(a.keys, b.keys).item()

@@ -1,0 +1,81 @@
+"""Decoder layers for verify and draft blocks in four kernel launches (CUDA).
+
+A verify is host-bound on MLX CUDA: every graph node costs ~9 µs to build and
+encode (bench/results/speed.md §9). For the decoder layers whose forward this
+mirrors line for line (mlx_lm's llama / qwen2 / qwen3 `TransformerBlock`:
+`h = x + attn(norm1(x))`, `out = h + mlp(norm2(h))`), a block of 2-64 rows
+takes four launches of the linear.py kernel: RMSNorm + q/k/v, o_proj + the
+residual, RMSNorm + gate/up/SwiGLU, down_proj + the residual; the attention
+between them is attention.py's. Put on layer instances only inside
+`Target.forward`; every other call goes to the stock layer.
+"""
+
+from typing import Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .attention import attend, fusable, is_block
+from .linear import applies, block_matmul, block_matmuls, block_swiglu, tiled
+from .wrapper import Wrapper
+
+MIRRORED_LAYERS = {
+    "mlx_lm.models.llama.TransformerBlock",
+    "mlx_lm.models.qwen2.TransformerBlock",
+    "mlx_lm.models.qwen3.TransformerBlock",
+}
+MIRRORED_PARTS = {  # the attention and MLP classes those layers hold
+    "mlx_lm.models.llama.Attention",
+    "mlx_lm.models.qwen2.Attention",
+    "mlx_lm.models.qwen3.Attention",
+    "mlx_lm.models.llama.MLP",
+    "mlx_lm.models.qwen2.MLP",
+    "mlx_lm.models.qwen3.MLP",
+}
+
+
+def _name(module) -> str:
+    return f"{type(module).__module__}.{type(module).__qualname__}"
+
+
+class BlockLayer(Wrapper):
+    """Wraps one mirrored decoder layer instance (see module docstring)."""
+
+    def __init__(self, inner: nn.Module, from_keys: float):
+        super().__init__(inner)
+        self.from_keys = from_keys
+
+    def __call__(self, x: mx.array, mask=None, cache=None):
+        l = self.inner
+        a, mlp = l.self_attn, l.mlp
+        n1, n2 = l.input_layernorm, l.post_attention_layernorm
+        qkv = [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
+        gate, up = mlp.gate_proj.weight, mlp.up_proj.weight
+        o, down = a.o_proj.weight, mlp.down_proj.weight
+        if not (
+            is_block(x, cache)
+            and applies(x, *qkv, gate, up)
+            and tiled(x.dtype, o, down)
+            and n1.weight.dtype == n2.weight.dtype == x.dtype
+        ):
+            return l(x, mask, cache)
+        q, k, v = block_matmuls(x, qkv, norm=(n1.weight, n1.eps))
+        h = block_matmul(attend(a, q, k, v, mask, cache, self.from_keys), o, residual=x)
+        m = block_swiglu(h, gate, up, norm=(n2.weight, n2.eps))
+        return block_matmul(m, down, residual=h)
+
+
+def wrap_layer(layer, from_keys: float) -> Optional[BlockLayer]:
+    """A `BlockLayer` around `layer` if its class and parts are mirrored and
+    every product is a plain Linear without a bias, else None."""
+    if _name(layer) not in MIRRORED_LAYERS:
+        return None
+    a, mlp = layer.self_attn, layer.mlp
+    if _name(a) not in MIRRORED_PARTS or _name(mlp) not in MIRRORED_PARTS:
+        return None
+    norms = (layer.input_layernorm, layer.post_attention_layernorm)
+    if any(type(n) is not nn.RMSNorm for n in norms):
+        return None
+    projections = [a.q_proj, a.k_proj, a.v_proj, a.o_proj]
+    projections += [mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+    return BlockLayer(layer, from_keys) if fusable(*projections) else None
