@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Exactly what produced bench/results/h200-linear-*.{json,md,png} and h200-probe-*linear*.jsonl
-# (sixth session, 2026-11-29; speed.md §9). One H200, MLX CUDA 0.32.4, mlx-lm 0.32.2. On the
+# Exactly what produced bench/results/h200-linear-*, h200-layer-*, h200-probe-*linear*.jsonl and
+# h200-probe-verify-9b.jsonl (sixth session, 2026-11-29; speed.md §9 and §10). One H200, MLX CUDA 0.32.4, mlx-lm 0.32.2. On the
 # device machine, from the repo root, after staging MLX CUDA with shared/device/mlx-cuda/stage.sh
 # (both halves):  export PYTHONUNBUFFERED=1 PYTHONPATH=/root/site:$PWD
 # The calls below were made on four fresh machines (stock's speed differs between them), so
@@ -30,3 +30,11 @@ $b --shape qwen3.5-9b --suites code --prompts-per-suite 1 --repeats 5 --out $out
 $b --shape qwen3-8b --suites long_16k --repeats 3 --out $out/h200-linear-qwen3-8b-16k
 $b --shape qwen3-8b --suites long_16k --repeats 5 --out $out/h200-linear-qwen3-8b-16k-r5
 $b --shape qwen3-8b --suites code --prompts-per-suite 1 --repeats 7 --out $out/h200-linear-qwen3-8b-r7
+
+# Section 10 (layer.py), one later machine: kernel tests, then the A/Bs and the hybrid verify probe.
+python3 -m pytest -q tests/test_linear.py -k "norm or grouped or verify_logits or bias"
+b="python3 -m mlx_dflash.bench --draft engine --block-size 16 --dtype bfloat16 --peaked --cooldown 0.5 --tau 6.5 --max-tokens 256 --block-linear on,off"
+$b --shape qwen3-8b --suites code --prompts-per-suite 1 --repeats 5 --out $out/h200-layer-qwen3-8b
+python3 bench/probe_verify.py qwen3_5_9b --context 1024 --reps 30 | tee $out/h200-probe-verify-9b.jsonl
+$b --shape qwen3.5-9b --suites code --prompts-per-suite 1 --repeats 5 --out $out/h200-layer-qwen3_5-9b
+$b --shape qwen3-8b --suites long_16k --repeats 3 --out $out/h200-layer-qwen3-8b-16k
