@@ -240,6 +240,20 @@ class Target:
                 if wrapped is not None:
                     self._block_mlp.append((inner, mlp, wrapped))
 
+    def _put_wrappers(self, on: bool):
+        """Put the forward-only layers and wrappers on the instance, or take
+        them off again."""
+        for la in self._fast_delta:
+            la.__class__ = FastGatedDeltaNet if on else GatedDeltaNet
+        for i, stock, wrapped in self._block_layers:
+            self._put_layer(i, wrapped if on else stock)
+        for layer, stock, wrapped in self._block_attention:
+            layer.self_attn = wrapped if on else stock
+        for layer, stock, wrapped in self._block_mlp:
+            layer.mlp = wrapped if on else stock
+        for l in self._linears:
+            l.__class__ = BlockLinear if on else nn.Linear
+
     def _put_layer(self, i: int, module):
         """Layer i becomes `module`, under its tap if it has one."""
         if isinstance(self.layers[i], Tap):
@@ -296,16 +310,7 @@ class Target:
             t._capture.on = True
         for t in self._flush_taps:
             t._capture.flush = flush
-        for la in self._fast_delta:
-            la.__class__ = FastGatedDeltaNet
-        for i, _, wrapped in self._block_layers:
-            self._put_layer(i, wrapped)
-        for layer, _, wrapped in self._block_attention:
-            layer.self_attn = wrapped
-        for layer, _, wrapped in self._block_mlp:
-            layer.mlp = wrapped
-        for l in self._linears:
-            l.__class__ = BlockLinear
+        self._put_wrappers(True)
         try:
             h = self.backbone(tokens, cache)
         finally:
@@ -313,16 +318,7 @@ class Target:
                 t._capture.on = False
             for t in self._flush_taps:
                 t._capture.flush = False
-            for la in self._fast_delta:
-                la.__class__ = GatedDeltaNet
-            for i, stock, _ in self._block_layers:
-                self._put_layer(i, stock)
-            for layer, stock, _ in self._block_attention:
-                layer.self_attn = stock
-            for layer, stock, _ in self._block_mlp:
-                layer.mlp = stock
-            for l in self._linears:
-                l.__class__ = nn.Linear
+            self._put_wrappers(False)
         if last_only:
             h = h[:, -1:]
         logits = self.logits(h)
