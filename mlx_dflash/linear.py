@@ -9,6 +9,10 @@ block of 2-64 rows is one plain kernel node: each warp streams a slice of the
 weight rows once and multiplies it into every row of the block with tensor-core
 `mma.sync` (bf16/fp16 in, fp32 accumulation, as cuBLAS does for these types).
 
+The same kernel takes several weights in one launch (q/k/v: `block_matmuls`;
+gate/up with SwiGLU: `block_swiglu`), an RMSNorm of its input, or a residual
+added to its output, so that a decoder layer is four launches (layer.py).
+
 `block_linears` swaps plain `nn.Linear` *instances* to `BlockLinear` for the
 duration of a forward, as `Target` does with the fused GatedDeltaNet; outside
 it every layer is stock. Off CUDA, or for shapes the kernel does not tile, the
@@ -298,6 +302,8 @@ def _launch(
 ):
     """One kernel launch; `norm` = (weight, eps) of an RMSNorm applied to x first,
     `residual` an array added to the (single) output."""
+    if bias is not None and residual is not None:
+        raise ValueError("block_matmul takes a bias or a residual, not both")
     k = x.shape[-1]
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
