@@ -21,7 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .linear import BlockLinear, applies, block_matmuls
-from .wrapper import Wrapper
+from .wrapper import Wrapper, class_name
 
 # Attention classes whose __call__ is: q/k/v projections, optional per-head
 # q_norm/k_norm, RoPE at cache.offset, cache update, SDPA, o_proj.
@@ -136,5 +136,6 @@ def wrap_attention(
     attn, from_keys: float, fuse_qkv: bool = False
 ) -> Optional[BlockAttention]:
     """A `BlockAttention` around `attn` if its class is mirrored, else None."""
-    name = f"{type(attn).__module__}.{type(attn).__qualname__}"
-    return BlockAttention(attn, from_keys, fuse_qkv) if name in MIRRORED else None
+    if class_name(attn) not in MIRRORED:
+        return None
+    return BlockAttention(attn, from_keys, fuse_qkv)

@@ -15,27 +15,22 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from .attention import attend, fusable, is_block
-from .linear import applies, block_matmul, block_matmuls, block_swiglu, tiled
-from .wrapper import Wrapper
+from .attention import MIRRORED, attend, fusable, is_block
+from .linear import (
+    MIRRORED_MLP,
+    applies,
+    block_matmul,
+    block_matmuls,
+    block_swiglu,
+    tiled,
+)
+from .wrapper import Wrapper, class_name
 
 MIRRORED_LAYERS = {
     "mlx_lm.models.llama.TransformerBlock",
     "mlx_lm.models.qwen2.TransformerBlock",
     "mlx_lm.models.qwen3.TransformerBlock",
 }
-MIRRORED_PARTS = {  # the attention and MLP classes those layers hold
-    "mlx_lm.models.llama.Attention",
-    "mlx_lm.models.qwen2.Attention",
-    "mlx_lm.models.qwen3.Attention",
-    "mlx_lm.models.llama.MLP",
-    "mlx_lm.models.qwen2.MLP",
-    "mlx_lm.models.qwen3.MLP",
-}
-
-
-def _name(module) -> str:
-    return f"{type(module).__module__}.{type(module).__qualname__}"
 
 
 class BlockLayer(Wrapper):
@@ -68,10 +63,10 @@ class BlockLayer(Wrapper):
 def wrap_layer(layer, from_keys: float) -> Optional[BlockLayer]:
     """A `BlockLayer` around `layer` if its class and parts are mirrored and
     every product is a plain Linear without a bias, else None."""
-    if _name(layer) not in MIRRORED_LAYERS:
+    if class_name(layer) not in MIRRORED_LAYERS:
         return None
     a, mlp = layer.self_attn, layer.mlp
-    if _name(a) not in MIRRORED_PARTS or _name(mlp) not in MIRRORED_PARTS:
+    if class_name(a) not in MIRRORED or class_name(mlp) not in MIRRORED_MLP:
         return None
     norms = (layer.input_layernorm, layer.post_attention_layernorm)
     if any(type(n) is not nn.RMSNorm for n in norms):

@@ -25,7 +25,7 @@ from typing import Iterable, List, Optional, Sequence
 import mlx.core as mx
 import mlx.nn as nn
 
-from .wrapper import Wrapper
+from .wrapper import Wrapper, class_name
 
 MAX_ROWS = 64  # 4 tiles of 16 rows; verify and draft blocks
 WARPS = 8  # per block, splitting K
@@ -410,8 +410,7 @@ class BlockMLP(Wrapper):
 
 def wrap_mlp(mlp) -> Optional[BlockMLP]:
     """A `BlockMLP` around `mlp` if its class is mirrored, else None."""
-    name = f"{type(mlp).__module__}.{type(mlp).__qualname__}"
-    return BlockMLP(mlp) if name in MIRRORED_MLP else None
+    return BlockMLP(mlp) if class_name(mlp) in MIRRORED_MLP else None
 
 
 def plain_linears(module: nn.Module) -> List[nn.Linear]:

@@ -19,3 +19,9 @@ class Wrapper(nn.Module):
         if "inner" not in self:
             raise AttributeError(key)
         return getattr(self["inner"], key)
+
+
+def class_name(module) -> str:
+    """`module`'s class as "package.module.Class": what the wrappers' lists of
+    mirrored classes name."""
+    return f"{type(module).__module__}.{type(module).__qualname__}"
