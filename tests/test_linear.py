@@ -222,12 +222,23 @@ def kernel_as_ops(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "qwen3_5"])
+# The fused launches each family's layers take: whole layers where every product
+# is bias-free; qwen2 (q/k/v biases) only gate/up; qwen3_5 (gated attention,
+# GatedDeltaNet) only its dense MLPs; qwen3_moe (MoE MLPs) only q/k/v.
+FUSED = {
+    "llama": {"norm", "residual", "qkv", "swiglu"},
+    "qwen3": {"norm", "residual", "qkv", "swiglu"},
+    "qwen2": {"swiglu"},
+    "qwen3_5": {"swiglu"},
+    "qwen3_moe": {"qkv"},
+}
+
+
+@pytest.mark.parametrize("family", list(FUSED))
 @pytest.mark.parametrize("kind", ["oracle", "dflash"])
 def test_greedy_through_block_wrappers_equals_stock(kernel_as_ops, family, kind):
     """fp32, partial acceptances throughout: the wrappers mirror the stock
-    layers (qwen2's q/k/v biases take the per-layer path; qwen3_5's gated
-    attention and GatedDeltaNet only BlockLinear)."""
+    layers of attention, hybrid (Hv != Hk) and MoE targets."""
     from test_decode import N, make_drafter, run, setup
 
     model, ref = setup(family)
@@ -244,13 +255,10 @@ def test_greedy_through_block_wrappers_equals_stock(kernel_as_ops, family, kind)
     assert out == ref and stats.cycles > 0
     calls = kernel_as_ops
     assert calls["matmul"] > 0  # o/down projections, the head, the draft
-    # Whole layers (norms and residuals fused) where every product is bias-free;
-    # qwen2 (q/k/v biases) takes fused gate/up only; qwen3_5 only per-layer.
-    whole = family in ("llama", "qwen3")
-    assert (calls["norm"] > 0 and calls["residual"] > 0 and calls["qkv"] > 0) == whole
-    assert calls["swiglu"] > 0
-    n = target.num_layers if whole else 0
-    assert len(target._block_layers) == n
+    for kind in ("norm", "residual", "qkv", "swiglu"):
+        assert (calls[kind] > 0) == (kind in FUSED[family]), kind
+    whole = "norm" in FUSED[family]
+    assert len(target._block_layers) == (target.num_layers if whole else 0)
     assert all(type(l) is nn.Linear for l in plain_linears(model))
     assert not any(isinstance(l, BlockLayer) for l in model.model.layers)
 
