@@ -20,7 +20,7 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from .linear import BlockLinear, applies, block_matmuls
+from .linear import applies, block_matmuls, fusable
 from .wrapper import Wrapper, class_name
 
 # Attention classes whose __call__ is: q/k/v projections, optional per-head
@@ -82,12 +82,6 @@ def attend(a: nn.Module, q, k, v, mask, cache, from_keys: float) -> mx.array:
     k, v = cache.update_and_fetch(k, v)
     out = block_attention(q, k, v, a.scale, mask, from_keys)
     return out.transpose(0, 2, 1, 3).reshape(B, L, -1)
-
-
-def fusable(*layers: nn.Module) -> bool:
-    """Whether one kernel launch can take these linear layers' products
-    (plain Linear layers without biases; shapes are checked per call)."""
-    return all(type(l) in (nn.Linear, BlockLinear) and "bias" not in l for l in layers)
 
 
 def is_block(x: mx.array, cache) -> bool:

@@ -15,13 +15,14 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from .attention import MIRRORED, attend, fusable, is_block
+from .attention import MIRRORED, attend, is_block
 from .linear import (
     MIRRORED_MLP,
     applies,
     block_matmul,
     block_matmuls,
     block_swiglu,
+    fusable,
     tiled,
 )
 from .wrapper import Wrapper, class_name

@@ -277,6 +277,12 @@ def tiled(dtype, *weights: mx.array) -> bool:
     )
 
 
+def fusable(*layers: nn.Module) -> bool:
+    """Whether one kernel launch can take these linear layers' products
+    (plain Linear layers without biases; shapes are checked per call)."""
+    return all(type(l) in (nn.Linear, BlockLinear) and "bias" not in l for l in layers)
+
+
 def applies(x: mx.array, *weights: mx.array) -> bool:
     """Whether the kernel takes `x @ w.T` for each of `weights` (else stock)."""
     if x.ndim < 2 or not _ON_CUDA or mx.default_device() != mx.gpu:
@@ -400,17 +406,18 @@ class BlockMLP(Wrapper):
 
     def __call__(self, x: mx.array) -> mx.array:
         mlp = self.inner
-        g, u = mlp.gate_proj, mlp.up_proj
-        if "bias" in g or "bias" in u or not applies(x, g.weight, u.weight):
+        g, u = mlp.gate_proj.weight, mlp.up_proj.weight
+        if g.shape != u.shape or not applies(x, g, u):
             return mlp(x)
-        if g.weight.shape != u.weight.shape:
-            return mlp(x)
-        return mlp.down_proj(block_swiglu(x, g.weight, u.weight))
+        return mlp.down_proj(block_swiglu(x, g, u))
 
 
 def wrap_mlp(mlp) -> Optional[BlockMLP]:
-    """A `BlockMLP` around `mlp` if its class is mirrored, else None."""
-    return BlockMLP(mlp) if class_name(mlp) in MIRRORED_MLP else None
+    """A `BlockMLP` around `mlp` if its class is mirrored and its gate and up
+    projections are `fusable`, else None."""
+    if class_name(mlp) not in MIRRORED_MLP:
+        return None
+    return BlockMLP(mlp) if fusable(mlp.gate_proj, mlp.up_proj) else None
 
 
 def plain_linears(module: nn.Module) -> List[nn.Linear]:
