@@ -202,15 +202,15 @@ class Target:
 
     def _install_block_linear(self, on: bool):
         """The plain Linear layers that `forward` makes `BlockLinear`, and the
-        head's weight when `logits` can take the kernel for it."""
+        head module (its weight read per call) when `logits` can take the kernel."""
         self.block_linear = on
-        self._linears, self._head_weight = [], None
+        self._linears, self._block_head = [], None
         if not on:
             return
         self._linears = plain_linears(self.backbone)
         head = self.lm.get("lm_head", None) or self.embed_tokens
         if type(head) in (nn.Linear, nn.Embedding) and "bias" not in head:
-            self._head_weight = head.weight
+            self._block_head = head
 
     def _install_wrappers(self):
         """Wrappers for verify blocks on mirrored instances, put on only inside
@@ -331,8 +331,8 @@ class Target:
 
     def logits(self, h: mx.array) -> mx.array:
         """The LM head on hidden states `h` (`block_matmul` for 2-64 rows)."""
-        if self._head_weight is not None and applies(h, self._head_weight):
-            return block_matmul(h, self._head_weight)
+        if self._block_head is not None and applies(h, self._block_head.weight):
+            return block_matmul(h, self._block_head.weight)
         return self.head(h)
 
     def embed(self, tokens: mx.array) -> mx.array:
