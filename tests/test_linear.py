@@ -174,11 +174,13 @@ def kernel_as_ops(monkeypatch):
     (BlockLinear, BlockLayer, fused q/k/v in BlockAttention, BlockMLP, the
     head) exactly where CUDA would launch a kernel, and count the launches."""
     import mlx_dflash.attention as attention
+    import mlx_dflash.flash as flash
     import mlx_dflash.layer as layer
     import mlx_dflash.linear as linear
     import mlx_dflash.target as target
+    from mlx_dflash.cache import BucketKVCache, bucket_mask
 
-    calls = {"matmul": 0, "residual": 0, "qkv": 0, "swiglu": 0, "norm": 0}
+    calls = {"matmul": 0, "residual": 0, "qkv": 0, "swiglu": 0, "norm": 0, "flash": 0}
 
     def applies(x, *ws):
         rows = x.size // x.shape[-1]
@@ -210,6 +212,38 @@ def kernel_as_ops(monkeypatch):
         x = normed(x, norm)
         return nn.silu(x @ g.T) * (x @ u.T)
 
+    def flash_applies(a, q, cache):
+        return (
+            isinstance(cache, BucketKVCache)
+            and cache.bucketed(q.shape[1])
+            and q.shape[0] == 1
+            and type(a.rope) is nn.RoPE
+        )
+
+    def norm_rope(a, q, k, v, offset):
+        calls["flash"] += 1
+        B, L, _ = q.shape
+        q = q.reshape(B, L, a.n_heads, -1)
+        k = k.reshape(B, L, a.n_kv_heads, -1)
+        v = v.reshape(B, L, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        if "q_norm" in a:
+            q, k = a.q_norm(q), a.k_norm(k)
+        q = a.rope(q.transpose(0, 2, 1, 3), offset=offset)
+        return q, a.rope(k.transpose(0, 2, 1, 3), offset=offset), v
+
+    def flash_attention(q, keys, values, offset, scale):
+        # The kernel reads only the first offset + L keys of the buffers.
+        L, n = q.shape[2], offset + q.shape[2]
+        keys, values = keys[..., :n, :], values[..., :n, :]
+        mask = bucket_mask(L, offset, n)
+        out = mx.fast.scaled_dot_product_attention(
+            q, keys, values, scale=scale, mask=mask
+        )
+        return out.transpose(0, 2, 1, 3).reshape(1, L, -1)
+
+    monkeypatch.setattr(flash, "applies", flash_applies)
+    monkeypatch.setattr(flash, "norm_rope", norm_rope)
+    monkeypatch.setattr(flash, "attention", flash_attention)
     for m in (attention, layer, linear, target):
         monkeypatch.setattr(m, "applies", applies)
     monkeypatch.setattr(layer, "tiled", lambda dtype, *ws: True)
@@ -224,13 +258,14 @@ def kernel_as_ops(monkeypatch):
 
 # The fused launches each family's layers take: whole layers where every product
 # is bias-free; qwen2 (q/k/v biases) only gate/up; qwen3_5 (gated attention,
-# GatedDeltaNet) only its dense MLPs; qwen3_moe (MoE MLPs) only q/k/v.
+# GatedDeltaNet) only its dense MLPs; qwen3_moe (MoE MLPs) only q/k/v. flash.py's
+# attention wherever attention.py mirrors the attention layer.
 FUSED = {
-    "llama": {"norm", "residual", "qkv", "swiglu"},
-    "qwen3": {"norm", "residual", "qkv", "swiglu"},
-    "qwen2": {"swiglu"},
+    "llama": {"norm", "residual", "qkv", "swiglu", "flash"},
+    "qwen3": {"norm", "residual", "qkv", "swiglu", "flash"},
+    "qwen2": {"swiglu", "flash"},
     "qwen3_5": {"swiglu"},
-    "qwen3_moe": {"qkv"},
+    "qwen3_moe": {"qkv", "flash"},
 }
 
 
@@ -242,7 +277,7 @@ def test_greedy_through_block_wrappers_equals_stock(kernel_as_ops, family, kind)
     from test_decode import N, make_drafter, run, setup
 
     model, ref = setup(family)
-    target = Target(model, block_linear=True, block_attention_from=None)
+    target = Target(model, block_linear=True, attention_kernel=True)
     drafter = make_drafter(kind, target, ref)
     out, stats = run(
         target,
@@ -255,7 +290,7 @@ def test_greedy_through_block_wrappers_equals_stock(kernel_as_ops, family, kind)
     assert out == ref and stats.cycles > 0
     calls = kernel_as_ops
     assert calls["matmul"] > 0  # o/down projections, the head, the draft
-    for kind in ("norm", "residual", "qkv", "swiglu"):
+    for kind in ("norm", "residual", "qkv", "swiglu", "flash"):
         assert (calls[kind] > 0) == (kind in FUSED[family]), kind
     whole = "norm" in FUSED[family]
     assert len(target._block_layers) == (target.num_layers if whole else 0)
@@ -273,12 +308,14 @@ def test_block_layers_keep_taps_and_cache(kernel_as_ops, family):
     prompt, block = mx.array([list(range(1, 40))]), mx.array([list(range(5, 21))])
     out = []
     for on in (True, False):
-        target = Target(model, capture_layers=[0, 2], block_linear=on)
+        target = Target(
+            model, capture_layers=[0, 2], block_linear=on, attention_kernel=on
+        )
         cache = [BucketKVCache() for _ in range(target.num_layers)]
         target.forward(prompt, cache)
         out.append((*target.forward(block, cache), cache))
     (l1, f1, c1), (l2, f2, c2) = out
-    assert kernel_as_ops["residual"] > 0
+    assert kernel_as_ops["residual"] > 0 and kernel_as_ops["flash"] > 0
     assert mx.array_equal(l1, l2).item() and mx.array_equal(f1, f2).item()
     for a, b in zip(c1, c2):
         assert a.offset == b.offset and mx.array_equal(a.keys, b.keys).item()

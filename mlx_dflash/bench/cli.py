@@ -128,6 +128,15 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "alternating within each case",
     )
     p.add_argument(
+        "--attention-kernel",
+        type=_names,
+        default=["auto"],
+        help="verify blocks attend through our kernels (flash.py: norms and RoPE "
+        "in one launch, split-K attention over the valid keys): auto (on CUDA), "
+        "on, or off; a comma list runs every arm once per choice, as "
+        "--block-linear does",
+    )
+    p.add_argument(
         "--no-profile", action="store_true", help="skip the per-part cycle profile"
     )
     p.add_argument("--no-png", action="store_true")
@@ -156,10 +165,18 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
-def _on(choice: str):
+def _on(choice: str, flag: str = "--block-linear"):
     if choice not in ("auto", "on", "off"):
-        raise SystemExit(f"--block-linear: {choice!r} is not auto, on or off")
+        raise SystemExit(f"{flag}: {choice!r} is not auto, on or off")
     return None if choice == "auto" else choice == "on"
+
+
+def _kernels(args) -> dict:
+    """The Target kernel switches the first choice of each flag sets."""
+    return dict(
+        block_linear=_on(args.block_linear[0]),
+        attention_kernel=_on(args.attention_kernel[0], "--attention-kernel"),
+    )
 
 
 def load(args):
@@ -170,7 +187,7 @@ def load(args):
         model = build_target(
             args.shape, dtype=dtype, seed=args.seed, peaked=args.peaked
         )
-        target = Target(model, block_linear=_on(args.block_linear[0]))
+        target = Target(model, **_kernels(args))
         layers = args.draft_layers or 5
         make = lambda: build_draft(
             args.shape,
@@ -188,9 +205,7 @@ def load(args):
         from ..gguf import find_default_gguf
 
         path = str(find_default_gguf())
-    target, tokenizer = load_target(
-        path, dtype=dtype, block_linear=_on(args.block_linear[0])
-    )
+    target, tokenizer = load_target(path, dtype=dtype, **_kernels(args))
     layers = args.draft_layers or 1
     make = lambda: draft_for_target(
         target.model,
@@ -253,17 +268,39 @@ def make_arms(args, target, vocab, make_draft):
     if args.fallback:
         for arm in arms:
             arm.fallback = Fallback()
-    if len(args.block_linear) > 1:
-        arms = [
-            replace(
-                arm,
-                name=f"{arm.name} linear={choice}",
-                setup=lambda on=_on(choice): target.set_block_linear(on),
-            )
-            for arm in arms
-            for choice in args.block_linear
-        ]
+    # A comma list of choices: every arm once per choice, the switch set in
+    # `Arm.setup` before each run (so the choices alternate within a case).
+    for flag, name, choices, switch in [
+        ("--block-linear", "linear", args.block_linear, target.set_block_linear),
+        (
+            "--attention-kernel",
+            "attention",
+            args.attention_kernel,
+            target.set_attention_kernel,
+        ),
+    ]:
+        if len(choices) > 1:
+            arms = [
+                replace(
+                    arm,
+                    name=f"{arm.name} {name}={choice}",
+                    setup=_then(arm.setup, switch, _on(choice, flag)),
+                )
+                for arm in arms
+                for choice in choices
+            ]
     return arms
+
+
+def _then(setup, switch, on):
+    """An `Arm.setup` that runs `setup` (if any), then `switch(on)`."""
+
+    def both():
+        if setup is not None:
+            setup()
+        switch(on)
+
+    return both
 
 
 def _progress(total):
