@@ -70,18 +70,16 @@ def block_attention(q, k, v, scale: float, mask, from_keys: float) -> mx.array:
 
 
 def attend(
-    a: nn.Module, q, k, v, mask, cache, from_keys: float, kernel: bool = False
+    a: nn.Module, q, k, v, mask, cache, from_keys: float, kernel=None
 ) -> mx.array:
     """Mirrored layer `a`'s attention from its q/k/v projections (B, L, ·) to
     the input of its o_proj: per-head norms, RoPE, cache update, attention.
-    With `kernel`, in flash.py's launches where they apply (the block's mask
-    is then the bucket's causal one, which they compute from the offset)."""
+    With `kernel` (`a`'s `flash.Params`), in flash.py's launches where they
+    apply (the block's mask is then the bucket's causal one, which they
+    compute from the cache's offset)."""
+    if flash.applies(kernel, q, cache):
+        return flash.attend(a, kernel, q, k, v, cache)
     B, L, _ = q.shape
-    if kernel and flash.applies(a, q, cache):
-        offset = cache.offset
-        q, k, v = flash.norm_rope(a, q, k, v, offset)
-        k, v = cache.update_and_fetch(k, v)
-        return flash.attention(q, k, v, offset, a.scale)
     q = q.reshape(B, L, a.n_heads, -1)
     k = k.reshape(B, L, a.n_kv_heads, -1)
     v = v.reshape(B, L, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
@@ -120,7 +118,7 @@ class BlockAttention(Wrapper):
         super().__init__(inner)
         self.from_keys = from_keys
         self.fuse_qkv = fuse_qkv and fusable(inner.q_proj, inner.k_proj, inner.v_proj)
-        self.kernel = kernel
+        self.kernel = flash.params(inner) if kernel else None
 
     def __call__(self, x: mx.array, mask=None, cache=None):
         a = self.inner
@@ -128,7 +126,8 @@ class BlockAttention(Wrapper):
             return a(x, mask=mask, cache=cache)
         ws = [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
         fuse = self.fuse_qkv and applies(x, *ws)
-        own = self.kernel or cache.offset + x.shape[1] >= self.from_keys
+        own = flash.applies(self.kernel, x, cache)
+        own = own or cache.offset + x.shape[1] >= self.from_keys
         if not (fuse or own):
             return a(x, mask=mask, cache=cache)
         if fuse:

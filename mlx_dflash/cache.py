@@ -31,17 +31,27 @@ class BucketKVCache(KVCache):
         need = self.offset + n
         return cap if need <= cap else -(-need // self.step) * self.step
 
+    def reserve(self, n: int, keys=None, values=None):
+        """Grow the buffers to the bucket that holds `n` more positions (their
+        head counts, sizes and dtypes from `keys`, `values` before the first
+        write)."""
+        cap = self.capacity_for(n)
+        if self.keys is not None and cap <= self.keys.shape[2]:
+            return
+        ref_k = keys if self.keys is None else self.keys
+        ref_v = values if self.keys is None else self.values
+        B, H, _, Dk = ref_k.shape
+        new_k = mx.zeros((B, H, cap, Dk), ref_k.dtype)
+        new_v = mx.zeros((B, H, cap, ref_v.shape[3]), ref_v.dtype)
+        if self.keys is not None:
+            prev = self.offset
+            new_k[..., :prev, :] = self.keys[..., :prev, :]
+            new_v[..., :prev, :] = self.values[..., :prev, :]
+        self.keys, self.values = new_k, new_v
+
     def update_and_fetch(self, keys, values):
         prev, n = self.offset, keys.shape[2]
-        cap = self.capacity_for(n)
-        if self.keys is None or cap > self.keys.shape[2]:
-            B, H, _, Dk = keys.shape
-            new_k = mx.zeros((B, H, cap, Dk), keys.dtype)
-            new_v = mx.zeros((B, H, cap, values.shape[3]), values.dtype)
-            if self.keys is not None:
-                new_k[..., :prev, :] = self.keys[..., :prev, :]
-                new_v[..., :prev, :] = self.values[..., :prev, :]
-            self.keys, self.values = new_k, new_v
+        self.reserve(n, keys, values)
         self.keys[..., prev : prev + n, :] = keys
         self.values[..., prev : prev + n, :] = values
         self.offset += n

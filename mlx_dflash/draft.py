@@ -19,8 +19,11 @@ from mlx.nn.layers.activations import silu
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
+from . import flash
 from .attention import block_attention, default_from_keys
 from .cache import BucketKVCache
+from .layer import fits, fused
+from .linear import fusable
 
 REQUIRED_CONFIG = (
     "hidden_size",
@@ -165,6 +168,8 @@ class DraftAttention(nn.Module):
         self.causal = sliding if args.is_causal is None else bool(args.is_causal)
         # From this many keys the block attends with plain ops (attention.py).
         self.from_keys = default_from_keys(None)
+        # flash.py's Params (None: these layers take the ops path only).
+        self.flash = flash.params(self)
 
     def kv(self, x: mx.array, offset: int):
         B, L, _ = x.shape
@@ -239,9 +244,31 @@ class DraftLayer(nn.Module):
             args.hidden_size, eps=args.rms_norm_eps
         )
 
-    def __call__(self, x: mx.array, cache: KVCache) -> mx.array:
+    def __call__(self, x: mx.array, cache: KVCache, kernel: bool = False) -> mx.array:
+        if kernel and self._fits(x, cache):
+            # CUDA: four linear.py launches around flash.py's attention; the
+            # block's keys go past the context, where the next commit writes.
+            a = self.self_attn
+            return fused(
+                self,
+                x,
+                lambda q, k, v: flash.attend(
+                    a, a.flash, q, k, v, cache, causal=a.causal, advance=False
+                ),
+            )
         h = x + self.self_attn(self.input_layernorm(x), cache)
         return h + self.mlp(self.post_attention_layernorm(h))
+
+    def _fits(self, x, cache) -> bool:
+        a, mlp = self.self_attn, self.mlp
+        parts = [a.q_proj, a.k_proj, a.v_proj, a.o_proj]
+        parts += [mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+        return (
+            a.window is None
+            and flash.applies(a.flash, x, cache)
+            and fusable(*parts)
+            and fits(self, x)
+        )
 
 
 class DFlashDraft(nn.Module):
@@ -270,11 +297,14 @@ class DFlashDraft(nn.Module):
         for layer, c in zip(self.layers, cache):
             layer.self_attn.append_context(ctx, c)
 
-    def __call__(self, block_embeds: mx.array, cache: List[KVCache]) -> mx.array:
-        """Normed hidden states of the block; positions start at the cache offset."""
+    def __call__(
+        self, block_embeds: mx.array, cache: List[KVCache], kernel: bool = False
+    ) -> mx.array:
+        """Normed hidden states of the block; positions start at the cache
+        offset. `kernel`: through the CUDA kernels where they apply."""
         h = block_embeds.astype(self.dtype)
         for layer, c in zip(self.layers, cache):
-            h = layer(h, c)
+            h = layer(h, c, kernel)
         return self.norm(h)
 
 

@@ -47,8 +47,10 @@ class DFlashDrafter:
         self.mask_token_id = draft.args.mask_token_id
         self.block_size = draft.args.block_size
         self.cache = draft.make_cache()
-        # The draft's blocks take the target's choice of linear kernel (linear.py).
+        # The draft's blocks take the target's choice of kernels: linear.py's,
+        # and with flash.py's attention too, whole layers in fused launches.
         self._linears = plain_linears(draft) if target.block_linear else []
+        self._kernel = target.block_linear and target.attention_kernel
 
     def start(self, prompt):
         self.cache = self.draft.make_cache()
@@ -67,7 +69,7 @@ class DFlashDrafter:
     def _logits(self, anchor: int, n: int) -> mx.array:
         block = mx.array([[anchor] + [self.mask_token_id] * n])
         with block_linears(self._linears):
-            h = self.draft(self.target.embed(block), self.cache)
+            h = self.draft(self.target.embed(block), self.cache, self._kernel)
         return self.target.logits(h[0, 1:])
 
     def propose(self, anchor: int, n: int) -> mx.array:

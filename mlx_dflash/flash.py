@@ -21,6 +21,8 @@ rounded to the input dtype as `mx.fast.rms_norm` and `mx.fast.rope` round them.
 """
 
 import math
+from dataclasses import dataclass
+from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -124,7 +126,7 @@ _FLASH = """
   __shared__ __align__(16) T vs[CHUNK][PAD];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int S = off[1], L = q_shape[2], C = kc_shape[2];
+  const int S = off[1], L = q_shape[2], C = kc_shape[2];  // S: po's splits
   const int split = blockIdx.x % S, hk = blockIdx.x / S;
   const int R = REP * L, n_keys = off[0] + L;
   const int n_chunks = (n_keys + CHUNK - 1) / CHUNK;
@@ -187,7 +189,9 @@ _FLASH = """
       #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int h = e >> 1, key = c * CHUNK + j * 8 + 2 * t + (e & 1);
-        const bool ok = rows[h] < R && key <= off[0] + pos[h];
+        // CAUSAL: a verify block (query i sees keys up to offset + i); else a
+        // draft block (every query sees the context and the whole block).
+        const bool ok = rows[h] < R && (CAUSAL ? key <= off[0] + pos[h] : key < n_keys);
         s[j][e] = ok ? s[j][e] * sl2 : NEG_INF;
         cmax[h] = fmaxf(cmax[h], s[j][e]);
       }
@@ -319,83 +323,106 @@ def _merge_kernel():
     return _kernels["merge"]
 
 
-def applies(a: nn.Module, q: mx.array, cache) -> bool:
-    """Whether mirrored attention layer `a`'s block with q projections `q`
-    (B, L, H * D) over `cache` takes these kernels (else the ops path)."""
-    if not _ON_CUDA or mx.default_device() != mx.gpu:
-        return False
-    B, L, n = q.shape
+@dataclass(frozen=True)
+class Params:
+    """What a layer's attention block needs besides arrays (not a tuple: an
+    nn.Module would take a tuple attribute for part of its parameter tree)."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: Optional[float]  # of q_norm and k_norm; None: no per-head norms
+    base: float  # RoPE
+    rope_scale: float
+    scale: float  # of the attention scores
+
+
+def params(a: nn.Module) -> Optional[Params]:
+    """Mirrored attention layer `a`'s `Params`, or None where these kernels do
+    not take it (RoPE other than plain `nn.RoPE` over the whole head, norms
+    other than RMSNorm with one eps)."""
     heads, kv_heads = a.n_heads, a.n_kv_heads
-    d = n // heads
+    d = a.q_proj.weight.shape[0] // heads
     rope = a.rope
     norms = [a[k] for k in ("q_norm", "k_norm") if k in a]
-    return (
-        B == 1
-        and q.dtype in (mx.bfloat16, mx.float16)
-        and isinstance(cache, BucketKVCache)
-        and cache.bucketed(L)
-        and (cache.keys is None or cache.keys.dtype == q.dtype)
-        and d in (64, 128)
-        and heads % kv_heads == 0
-        and heads // kv_heads * L <= MAX_ROWS
+    if not (
+        heads % kv_heads == 0
         and type(rope) is nn.RoPE
         and not rope.traditional
         and rope.dims == d
-        and all(
-            type(nm) is nn.RMSNorm
-            and nm.weight.shape == (d,)
-            and nm.weight.dtype == q.dtype
-            for nm in norms
-        )
+        and len(norms) in (0, 2)
+        and all(type(nm) is nn.RMSNorm and nm.weight.shape == (d,) for nm in norms)
+        and len({float(nm.eps) for nm in norms}) <= 1
+    ):
+        return None
+    eps = float(norms[0].eps) if norms else None
+    return Params(
+        heads, kv_heads, d, eps, float(rope.base), float(rope.scale), float(a.scale)
     )
 
 
-def norm_rope(a: nn.Module, q, k, v, offset: int):
+def applies(p: Optional[Params], x: mx.array, cache) -> bool:
+    """Whether a block `x` (B, L, ·) of a layer with `params` p over `cache`
+    takes these kernels (else the ops path)."""
+    if p is None or not _ON_CUDA or mx.default_device() != mx.gpu:
+        return False
+    B, L = x.shape[0], x.shape[1]
+    return (
+        B == 1
+        and p.head_dim in (64, 128)
+        and x.dtype in (mx.bfloat16, mx.float16)
+        and isinstance(cache, BucketKVCache)
+        and cache.bucketed(L)
+        and cache.keys is not None
+        and cache.keys.dtype == x.dtype
+        and p.heads // p.kv_heads * L <= MAX_ROWS
+    )
+
+
+def norm_rope(q, k, v, qn, kn, off, p: Params):
     """(q, k, v) rows (B=1, L, heads * D) → (1, heads, L, D) each: q and k
-    through layer `a`'s per-head norms (if any) and RoPE at `offset`."""
-    L, heads, kv_heads = q.shape[1], a.n_heads, a.n_kv_heads
-    d = q.shape[-1] // heads
-    norm = "q_norm" in a
-    eps = float(a.q_norm.eps) if norm else 0.0
-    if norm and a.k_norm.eps != a.q_norm.eps:
-        raise ValueError("q_norm and k_norm with different eps")
-    rope = a.rope
-    kernel = _norm_rope_kernel(norm, eps, math.log2(rope.base), float(rope.scale))
-    warps = L * (heads + 2 * kv_heads)
+    through the per-head norms `qn`, `kn` (weights; None if p has none) and
+    RoPE at position off[0]."""
+    L, d = q.shape[1], p.head_dim
+    norm = p.eps is not None
+    kernel = _norm_rope_kernel(
+        norm, p.eps or 0.0, math.log2(p.base), float(p.rope_scale)
+    )
+    warps = L * (p.heads + 2 * p.kv_heads)
     return kernel(
-        inputs=[
-            q,
-            k,
-            v,
-            a.q_norm.weight if norm else q,  # unread without norms
-            a.k_norm.weight if norm else q,
-            mx.array([offset], mx.int32),
-        ],
-        template=[("T", q.dtype), ("D", d), ("H", heads), ("HK", kv_heads)],
+        inputs=[q, k, v, qn if norm else q, kn if norm else q, off],  # q: unread
+        template=[("T", q.dtype), ("D", d), ("H", p.heads), ("HK", p.kv_heads)],
         grid=(32 * warps, 1, 1),
         threadgroup=(128, 1, 1),
-        output_shapes=[(1, heads, L, d), (1, kv_heads, L, d), (1, kv_heads, L, d)],
+        output_shapes=[
+            (1, p.heads, L, d),
+            (1, p.kv_heads, L, d),
+            (1, p.kv_heads, L, d),
+        ],
         output_dtypes=[q.dtype] * 3,
     )
 
 
 def splits(n_keys: int, kv_heads: int) -> int:
-    """Key splits per KV head: every split gets at least one chunk, and the
-    grid about SPLIT_BLOCKS thread blocks."""
+    """Key splits per KV head for up to `n_keys` keys: every split gets at
+    least one chunk, and the grid about SPLIT_BLOCKS thread blocks."""
     chunks = -(-n_keys // CHUNK)
     per = -(-chunks // max(1, SPLIT_BLOCKS // kv_heads))
     return -(-chunks // per)
 
 
-def attention(q: mx.array, keys: mx.array, values: mx.array, offset: int, scale: float):
-    """softmax(scale q kᵀ) v for q (1, H, L, D) at positions offset .. offset+L-1
-    over the first offset + L keys of the cache buffers (1, Hk, C, D), causal;
-    returns (1, L, H * D), o_proj's input."""
+def attention(
+    q: mx.array, keys: mx.array, values: mx.array, off, scale: float, causal=True
+):
+    """softmax(scale q kᵀ) v for q (1, H, L, D) at positions off[0] ..
+    off[0] + L - 1 over the first off[0] + L keys of the cache buffers
+    (1, Hk, C, D), causal or not, the keys split off[1] ways (`splits`; a
+    split past the last key is empty); returns (1, L, H * D), o_proj's input."""
     _, heads, L, d = q.shape
     kv_heads = keys.shape[1]
     rep = heads // kv_heads
-    s = splits(offset + L, kv_heads)
-    off = mx.array([offset, s], mx.int32)
+    s = splits(keys.shape[2], kv_heads)
+    warps = -(-rep * L // 16)
     po, pm, pl = _flash_kernel(q.dtype, float(scale))(
         inputs=[q, keys, values, off],
         template=[
@@ -404,9 +431,10 @@ def attention(q: mx.array, keys: mx.array, values: mx.array, offset: int, scale:
             ("REP", rep),
             ("HK", kv_heads),
             ("CHUNK", CHUNK),
+            ("CAUSAL", bool(causal)),
         ],
-        grid=(s * kv_heads * 32 * (-(-rep * L // 16)), 1, 1),
-        threadgroup=(32 * (-(-rep * L // 16)), 1, 1),
+        grid=(s * kv_heads * 32 * warps, 1, 1),
+        threadgroup=(32 * warps, 1, 1),
         output_shapes=[(s, heads, L, d), (s, heads, L), (s, heads, L)],
         output_dtypes=[mx.float32] * 3,
     )
@@ -418,3 +446,41 @@ def attention(q: mx.array, keys: mx.array, values: mx.array, offset: int, scale:
         output_shapes=[(1, L, heads * d)],
         output_dtypes=[q.dtype],
     )[0]
+
+
+def offsets(offset: int, keys: mx.array) -> mx.array:
+    """The kernels' `off` input for a block at `offset` over cache buffers
+    `keys`: [offset, key splits] (the splits follow the buffer's capacity, so
+    that a compiled block keeps one grid per bucket)."""
+    return mx.array([offset, splits(keys.shape[2], keys.shape[1])], mx.int32)
+
+
+def block(q, k, v, keys, values, off, qn, kn, p: Params, causal=True):
+    """A block's attention from its q/k/v rows through the cache buffers
+    `keys`, `values` (1, Hk, C, D), which must hold off[0] + L positions:
+    (o_proj's input (1, L, H * D), keys, values with the block written at
+    off[0])."""
+    q, k, v = norm_rope(q, k, v, qn, kn, off, p)
+    at = off[:1]
+    keys = mx.slice_update(keys, k, at, axes=(2,))
+    values = mx.slice_update(values, v, at, axes=(2,))
+    return attention(q, keys, values, off, p.scale, causal), keys, values
+
+
+def attend(
+    a: nn.Module, p: Params, q, k, v, cache, causal=True, advance=True
+) -> mx.array:
+    """`block` for layer `a` over `cache` (a `BucketKVCache`), which it
+    updates as `update_and_fetch` would; without `advance` the block's keys
+    only sit past the cache's offset, for the next write to replace (a draft
+    block, which is not context)."""
+    L = q.shape[1]
+    cache.reserve(L)
+    off = offsets(cache.offset, cache.keys)
+    qn, kn = (a.q_norm.weight, a.k_norm.weight) if p.eps is not None else (None, None)
+    out, cache.keys, cache.values = block(
+        q, k, v, cache.keys, cache.values, off, qn, kn, p, causal
+    )
+    if advance:
+        cache.offset += L
+    return out

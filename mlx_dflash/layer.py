@@ -15,6 +15,7 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
+from . import flash
 from .attention import MIRRORED, attend, is_block
 from .linear import (
     MIRRORED_MLP,
@@ -40,27 +41,48 @@ class BlockLayer(Wrapper):
     def __init__(self, inner: nn.Module, from_keys: float, kernel: bool = False):
         super().__init__(inner)
         self.from_keys = from_keys
-        self.kernel = kernel  # flash.py's attention
+        # flash.py's attention (its Params), or None
+        self.kernel = flash.params(inner.self_attn) if kernel else None
 
     def __call__(self, x: mx.array, mask=None, cache=None):
         l = self.inner
-        a, mlp = l.self_attn, l.mlp
-        n1, n2 = l.input_layernorm, l.post_attention_layernorm
-        qkv = [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
-        gate, up = mlp.gate_proj.weight, mlp.up_proj.weight
-        o, down = a.o_proj.weight, mlp.down_proj.weight
-        if not (
-            is_block(x, cache)
-            and applies(x, *qkv, gate, up)
-            and tiled(x.dtype, o, down)
-            and n1.weight.dtype == n2.weight.dtype == x.dtype
-        ):
+        if not (is_block(x, cache) and fits(l, x)):
             return l(x, mask, cache)
-        q, k, v = block_matmuls(x, qkv, norm=(n1.weight, n1.eps))
-        att = attend(a, q, k, v, mask, cache, self.from_keys, self.kernel)
-        h = block_matmul(att, o, residual=x)
-        m = block_swiglu(h, gate, up, norm=(n2.weight, n2.eps))
-        return block_matmul(m, down, residual=h)
+        a = l.self_attn
+        return fused(
+            l,
+            x,
+            lambda q, k, v: attend(
+                a, q, k, v, mask, cache, self.from_keys, self.kernel
+            ),
+        )
+
+
+def fits(l: nn.Module, x: mx.array) -> bool:
+    """Whether decoder layer `l` (self_attn with q/k/v/o_proj, mlp with
+    gate/up/down_proj, input and post-attention RMSNorms) takes block `x` in
+    `fused`'s four launches."""
+    a, mlp = l.self_attn, l.mlp
+    n1, n2 = l.input_layernorm, l.post_attention_layernorm
+    qkv = [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
+    return (
+        applies(x, *qkv, mlp.gate_proj.weight, mlp.up_proj.weight)
+        and tiled(x.dtype, a.o_proj.weight, mlp.down_proj.weight)
+        and n1.weight.dtype == n2.weight.dtype == x.dtype
+    )
+
+
+def fused(l: nn.Module, x: mx.array, attention) -> mx.array:
+    """`l`'s forward of block `x` in four launches around `attention(q, k, v)`,
+    which returns o_proj's input."""
+    a, mlp = l.self_attn, l.mlp
+    n1, n2 = l.input_layernorm, l.post_attention_layernorm
+    qkv = [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
+    q, k, v = block_matmuls(x, qkv, norm=(n1.weight, n1.eps))
+    h = block_matmul(attention(q, k, v), a.o_proj.weight, residual=x)
+    gate, up = mlp.gate_proj.weight, mlp.up_proj.weight
+    m = block_swiglu(h, gate, up, norm=(n2.weight, n2.eps))
+    return block_matmul(m, mlp.down_proj.weight, residual=h)
 
 
 def wrap_layer(layer, from_keys: float, kernel: bool = False) -> Optional[BlockLayer]:

@@ -67,7 +67,10 @@ def test_norm_rope_equals_stock_ops(family, head_dim, offset):
     q = mx.random.normal((1, L, 8 * head_dim)).astype(dtype)
     k = (3 * mx.random.normal((1, L, 2 * head_dim))).astype(dtype)
     v = mx.random.normal((1, L, 2 * head_dim)).astype(dtype)
-    ours = flash.norm_rope(a, q, k, v, offset)
+    p = flash.params(a)
+    qk = (a.q_norm.weight, a.k_norm.weight) if p.eps is not None else (None, None)
+    off = mx.array([offset, 1], mx.int32)
+    ours = flash.norm_rope(q, k, v, *qk, off, p)
     ref = stock_norm_rope(a, q, k, v, offset)
     for x, y in zip(ours, ref):
         assert x.shape == y.shape and x.dtype == y.dtype
@@ -78,8 +81,8 @@ def test_norm_rope_equals_stock_ops(family, head_dim, offset):
         assert (x == y).mean() > 0.98
 
 
-def reference_attention(q, keys, values, offset, scale):
-    """fp32 softmax attention, causal, over the first offset + L keys."""
+def reference_attention(q, keys, values, offset, scale, causal=True):
+    """fp32 softmax attention over the first offset + L keys, causal or not."""
     _, H, L, D = q.shape
     Hk = keys.shape[1]
     n = offset + L
@@ -87,8 +90,9 @@ def reference_attention(q, keys, values, offset, scale):
     k = keys[..., :n, :].astype(mx.float32)[:, :, None]
     v = values[..., :n, :].astype(mx.float32)[:, :, None]
     s = (q @ k.swapaxes(-1, -2)) * scale
-    visible = mx.arange(n)[None] <= mx.arange(offset, n)[:, None]
-    s = mx.where(visible, s, -mx.inf)
+    if causal:
+        visible = mx.arange(n)[None] <= mx.arange(offset, n)[:, None]
+        s = mx.where(visible, s, -mx.inf)
     out = mx.softmax(s, axis=-1) @ v  # (1, Hk, rep, L, D)
     return out.reshape(1, H, L, D).transpose(0, 2, 1, 3).reshape(1, L, H * D)
 
@@ -111,12 +115,89 @@ def test_attention_equals_fp32_reference(heads, kv_heads, L, head_dim, offset, d
     keys[..., offset + L :, :] = mx.nan
     values[..., offset + L :, :] = mx.nan
     scale = 1 / math.sqrt(head_dim)
-    ours = flash.attention(q, keys, values, offset, scale)
+    ours = flash.attention(q, keys, values, flash.offsets(offset, keys), scale)
     ref = reference_attention(q, keys, values, offset, scale)
     assert ours.shape == (1, L, heads * head_dim) and ours.dtype == dtype
     err = np.abs(np.array(ours.astype(mx.float32) - ref))
     assert np.isfinite(err).all()
     assert err.max() < 2e-2, err.max()
+
+
+@on_cuda
+def test_attention_with_splits_past_the_keys():
+    """Splits follow the buffer's capacity, so most are empty at a small offset."""
+    mx.random.seed(3)
+    q = mx.random.normal((1, 8, 16, 128)).astype(mx.bfloat16)
+    keys = mx.random.normal((1, 2, 4096, 128)).astype(mx.bfloat16)
+    values = mx.random.normal((1, 2, 4096, 128)).astype(mx.bfloat16)
+    for offset in (0, 40, 300):
+        off = flash.offsets(offset, keys)
+        assert off[1].item() * flash.CHUNK > offset + 16
+        ours = flash.attention(q, keys, values, off, 0.1)
+        ref = reference_attention(q, keys, values, offset, 0.1)
+        assert np.abs(np.array(ours.astype(mx.float32) - ref)).max() < 2e-2
+
+
+@on_cuda
+@pytest.mark.parametrize("offset", [0, 37, 1000, 16384])
+def test_noncausal_attention_equals_fp32_reference(offset):
+    """A draft block: every query sees the context and the whole block."""
+    mx.random.seed(4)
+    heads, kv_heads, L, d = 32, 8, 16, 128
+    cap = -(-(offset + L) // 256) * 256
+    q = mx.random.normal((1, heads, L, d)).astype(mx.bfloat16)
+    keys = (2 * mx.random.normal((1, kv_heads, cap, d))).astype(mx.bfloat16)
+    values = mx.random.normal((1, kv_heads, cap, d)).astype(mx.bfloat16)
+    keys[..., offset + L :, :] = mx.nan
+    values[..., offset + L :, :] = mx.nan
+    off = flash.offsets(offset, keys)
+    ours = flash.attention(q, keys, values, off, d**-0.5, causal=False)
+    ref = reference_attention(q, keys, values, offset, d**-0.5, causal=False)
+    assert np.abs(np.array(ours.astype(mx.float32) - ref)).max() < 2e-2
+
+
+@on_cuda
+def test_draft_logits_close_with_and_without_kernels_bf16():
+    """A bf16 DFlash draft's block through the fused layers and flash.py's
+    non-causal attention: the ops path's logits up to bf16 rounding, before
+    and after a commit."""
+    from mlx_dflash.draft import DFlashDraft, DraftArgs
+    from mlx_dflash.drafters import DFlashDrafter
+
+    mx.random.seed(5)
+    target = Target(bf16_model("qwen3"))
+    args = DraftArgs(
+        hidden_size=512,
+        intermediate_size=1024,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=128,
+        rms_norm_eps=1e-6,
+        vocab_size=1024,
+        target_layer_ids=[0, 1],
+        mask_token_id=1023,
+        rope_theta=1e6,
+    )
+    draft = DFlashDraft(args)
+    draft.set_dtype(mx.bfloat16)
+    target.set_capture_layers(args.target_layer_ids)
+    drafter = DFlashDrafter(draft, target)
+    assert drafter._kernel
+    cache = target.make_cache(bucket=True)
+    tokens = mx.random.randint(0, 1000, (300,)).tolist()
+    drafter.start(tokens)
+    for chunk in (tokens[:280], tokens[280:]):
+        _, features = target.forward(mx.array([chunk]), cache)
+        drafter.commit(chunk, features)
+        out = []
+        for on in (True, False):
+            drafter._kernel = on
+            out.append(drafter._logits(chunk[-1], 15).astype(mx.float32))
+        assert np.abs(np.array(out[0] - out[1])).max() < 0.1
+        assert (mx.argmax(out[0], -1) == mx.argmax(out[1], -1)).mean().item() > 0.9
+        drafter._kernel = True
+        drafter._logits(chunk[-1], 15)
 
 
 def test_splits_cover_every_chunk():

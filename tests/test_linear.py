@@ -178,7 +178,7 @@ def kernel_as_ops(monkeypatch):
     import mlx_dflash.layer as layer
     import mlx_dflash.linear as linear
     import mlx_dflash.target as target
-    from mlx_dflash.cache import BucketKVCache, bucket_mask
+    from mlx_dflash.cache import BucketKVCache
 
     calls = {"matmul": 0, "residual": 0, "qkv": 0, "swiglu": 0, "norm": 0, "flash": 0}
 
@@ -212,30 +212,44 @@ def kernel_as_ops(monkeypatch):
         x = normed(x, norm)
         return nn.silu(x @ g.T) * (x @ u.T)
 
-    def flash_applies(a, q, cache):
+    def flash_applies(p, x, cache):
         return (
-            isinstance(cache, BucketKVCache)
-            and cache.bucketed(q.shape[1])
-            and q.shape[0] == 1
-            and type(a.rope) is nn.RoPE
+            p is not None
+            and isinstance(cache, BucketKVCache)
+            and cache.bucketed(x.shape[1])
+            and cache.keys is not None
+            and x.shape[0] == 1
         )
 
-    def norm_rope(a, q, k, v, offset):
+    def norm_rope(q, k, v, qn, kn, off, p):
         calls["flash"] += 1
         B, L, _ = q.shape
-        q = q.reshape(B, L, a.n_heads, -1)
-        k = k.reshape(B, L, a.n_kv_heads, -1)
-        v = v.reshape(B, L, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
-        if "q_norm" in a:
-            q, k = a.q_norm(q), a.k_norm(k)
-        q = a.rope(q.transpose(0, 2, 1, 3), offset=offset)
-        return q, a.rope(k.transpose(0, 2, 1, 3), offset=offset), v
+        q = q.reshape(B, L, p.heads, -1)
+        k = k.reshape(B, L, p.kv_heads, -1)
+        v = v.reshape(B, L, p.kv_heads, -1).transpose(0, 2, 1, 3)
+        if p.eps is not None:
+            q, k = mx.fast.rms_norm(q, qn, p.eps), mx.fast.rms_norm(k, kn, p.eps)
 
-    def flash_attention(q, keys, values, offset, scale):
-        # The kernel reads only the first offset + L keys of the buffers.
-        L, n = q.shape[2], offset + q.shape[2]
-        keys, values = keys[..., :n, :], values[..., :n, :]
-        mask = bucket_mask(L, offset, n)
+        def rope(x):
+            x = x.transpose(0, 2, 1, 3)
+            return mx.fast.rope(
+                x,
+                p.head_dim,
+                traditional=False,
+                base=p.base,
+                scale=p.rope_scale,
+                offset=off[0],
+            )
+
+        return rope(q), rope(k), v
+
+    def flash_attention(q, keys, values, off, scale, causal=True):
+        # The whole buffer, masked to what the kernel reads.
+        L, C = q.shape[2], keys.shape[2]
+        if causal:
+            mask = mx.arange(C)[None] <= (off[0] + mx.arange(L))[:, None]
+        else:
+            mask = mx.broadcast_to(mx.arange(C)[None] < off[0] + L, (L, C))
         out = mx.fast.scaled_dot_product_attention(
             q, keys, values, scale=scale, mask=mask
         )
@@ -290,8 +304,10 @@ def test_greedy_through_block_wrappers_equals_stock(kernel_as_ops, family, kind)
     assert out == ref and stats.cycles > 0
     calls = kernel_as_ops
     assert calls["matmul"] > 0  # o/down projections, the head, the draft
-    for kind in ("norm", "residual", "qkv", "swiglu", "flash"):
-        assert (calls[kind] > 0) == (kind in FUSED[family]), kind
+    # The DFlash draft's own layers take every fused launch.
+    fused = FUSED[family] | (FUSED["qwen3"] if kind == "dflash" else set())
+    for launch in ("norm", "residual", "qkv", "swiglu", "flash"):
+        assert (calls[launch] > 0) == (launch in fused), launch
     whole = "norm" in FUSED[family]
     assert len(target._block_layers) == (target.num_layers if whole else 0)
     assert all(type(l) is nn.Linear for l in plain_linears(model))
@@ -319,3 +335,31 @@ def test_block_layers_keep_taps_and_cache(kernel_as_ops, family):
     assert mx.array_equal(l1, l2).item() and mx.array_equal(f1, f2).item()
     for a, b in zip(c1, c2):
         assert a.offset == b.offset and mx.array_equal(a.keys, b.keys).item()
+
+
+def test_draft_blocks_through_kernels_match_ops(kernel_as_ops):
+    """A DFlash draft's block through the fused layers and flash.py's
+    non-causal attention (its keys past the context, overwritten by the next
+    commit) gives the ops path's logits, before and after a commit."""
+    from test_decode import random_dflash, setup
+
+    model, _ = setup("qwen3")
+    target = Target(model, block_linear=True, attention_kernel=True)
+    drafter = random_dflash(target)
+    assert drafter._kernel
+    cache = target.make_cache(bucket=True)
+    tokens = list(range(3, 40))
+    drafter.start(tokens)
+    for chunk in (tokens[:30], tokens[30:]):
+        _, features = target.forward(mx.array([chunk]), cache)
+        drafter.commit(chunk, features)
+        offsets = [c.offset for c in drafter.cache]
+        out = []
+        for on in (True, False):
+            drafter._kernel = on
+            out.append(drafter._logits(chunk[-1], 15))
+        assert [c.offset for c in drafter.cache] == offsets
+        assert mx.allclose(out[0], out[1], atol=1e-5).item()
+        drafter._kernel = True
+        drafter._logits(chunk[-1], 15)  # leaves its keys past the context
+    assert kernel_as_ops["flash"] > 0
