@@ -78,7 +78,8 @@ def attend(
     apply (the block's mask is then the bucket's causal one, which they
     compute from the cache's offset)."""
     if flash.applies(kernel, q, cache):
-        return flash.attend(a, kernel, q, k, v, cache)
+        norms = (a.q_norm.weight, a.k_norm.weight) if "q_norm" in a else None
+        return flash.attend(kernel, q, k, v, cache, norms)
     B, L, _ = q.shape
     q = q.reshape(B, L, a.n_heads, -1)
     k = k.reshape(B, L, a.n_kv_heads, -1)

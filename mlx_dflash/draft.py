@@ -22,7 +22,7 @@ from mlx_lm.models.rope_utils import initialize_rope
 from . import flash
 from .attention import block_attention, default_from_keys
 from .cache import BucketKVCache
-from .layer import fits, fused
+from .layer import fits, fused, qk_norms
 from .linear import fusable
 
 REQUIRED_CONFIG = (
@@ -249,11 +249,12 @@ class DraftLayer(nn.Module):
             # CUDA: four linear.py launches around flash.py's attention; the
             # block's keys go past the context, where the next commit writes.
             a = self.self_attn
+            norms = qk_norms(self)
             return fused(
                 self,
                 x,
                 lambda q, k, v: flash.attend(
-                    a, a.flash, q, k, v, cache, causal=a.causal, advance=False
+                    a.flash, q, k, v, cache, norms, a.causal, advance=False
                 ),
             )
         h = x + self.self_attn(self.input_layernorm(x), cache)

@@ -48,41 +48,55 @@ class BlockLayer(Wrapper):
         l = self.inner
         if not (is_block(x, cache) and fits(l, x)):
             return l(x, mask, cache)
-        a = l.self_attn
-        return fused(
-            l,
-            x,
-            lambda q, k, v: attend(
-                a, q, k, v, mask, cache, self.from_keys, self.kernel
-            ),
-        )
+
+        def attention(q, k, v):
+            if flash.applies(self.kernel, q, cache):
+                return flash.attend(self.kernel, q, k, v, cache, qk_norms(l))
+            return attend(l["self_attn"], q, k, v, mask, cache, self.from_keys)
+
+        return fused(l, x, attention)
+
+
+# nn.Module attribute access costs ~1 µs per level (a failed normal lookup,
+# then the dict), and a verify reads 11 weights in each of 36 layers: these
+# read them with dict lookups, through the live module tree every call.
+_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj")
+_MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def _parts(l: nn.Module):
+    """[q, k, v, o, gate, up, down] weights and the two norms of layer `l`."""
+    a, mlp = l["self_attn"], l["mlp"]
+    ws = [a[n]["weight"] for n in _PROJ] + [mlp[n]["weight"] for n in _MLP]
+    return ws, l["input_layernorm"], l["post_attention_layernorm"]
+
+
+def qk_norms(l: nn.Module):
+    """The per-head q/k norm weights of `l`'s attention, or None."""
+    a = l["self_attn"]
+    return (a["q_norm"]["weight"], a["k_norm"]["weight"]) if "q_norm" in a else None
 
 
 def fits(l: nn.Module, x: mx.array) -> bool:
     """Whether decoder layer `l` (self_attn with q/k/v/o_proj, mlp with
     gate/up/down_proj, input and post-attention RMSNorms) takes block `x` in
     `fused`'s four launches."""
-    a, mlp = l.self_attn, l.mlp
-    n1, n2 = l.input_layernorm, l.post_attention_layernorm
-    qkv = [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
+    (q, k, v, o, gate, up, down), n1, n2 = _parts(l)
     return (
-        applies(x, *qkv, mlp.gate_proj.weight, mlp.up_proj.weight)
-        and tiled(x.dtype, a.o_proj.weight, mlp.down_proj.weight)
-        and n1.weight.dtype == n2.weight.dtype == x.dtype
+        applies(x, q, k, v, gate, up)
+        and tiled(x.dtype, o, down)
+        and n1["weight"].dtype == n2["weight"].dtype == x.dtype
     )
 
 
 def fused(l: nn.Module, x: mx.array, attention) -> mx.array:
     """`l`'s forward of block `x` in four launches around `attention(q, k, v)`,
     which returns o_proj's input."""
-    a, mlp = l.self_attn, l.mlp
-    n1, n2 = l.input_layernorm, l.post_attention_layernorm
-    qkv = [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
-    q, k, v = block_matmuls(x, qkv, norm=(n1.weight, n1.eps))
-    h = block_matmul(attention(q, k, v), a.o_proj.weight, residual=x)
-    gate, up = mlp.gate_proj.weight, mlp.up_proj.weight
-    m = block_swiglu(h, gate, up, norm=(n2.weight, n2.eps))
-    return block_matmul(m, mlp.down_proj.weight, residual=h)
+    (q, k, v, o, gate, up, down), n1, n2 = _parts(l)
+    q, k, v = block_matmuls(x, [q, k, v], norm=(n1["weight"], n1.eps))
+    h = block_matmul(attention(q, k, v), o, residual=x)
+    m = block_swiglu(h, gate, up, norm=(n2["weight"], n2.eps))
+    return block_matmul(m, down, residual=h)
 
 
 def wrap_layer(layer, from_keys: float, kernel: bool = False) -> Optional[BlockLayer]:

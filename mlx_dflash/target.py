@@ -253,6 +253,10 @@ class Target:
                 wrapped = wrap_mlp(mlp)
                 if wrapped is not None:
                     self._block_mlp.append((inner, mlp, wrapped))
+        # Whole wrapped layers launch their products themselves: no class swap
+        # there (a verify would swap ~250 instances twice for nothing).
+        inside = {id(m) for _, l, _ in self._block_layers for m in plain_linears(l)}
+        self._swapped = [l for l in self._linears if id(l) not in inside]
 
     def _put_wrappers(self, on: bool):
         """Put the forward-only layers and wrappers on the instance, or take
@@ -265,7 +269,7 @@ class Target:
             layer.self_attn = wrapped if on else stock
         for layer, stock, wrapped in self._block_mlp:
             layer.mlp = wrapped if on else stock
-        for l in self._linears:
+        for l in self._swapped:
             l.__class__ = BlockLinear if on else nn.Linear
 
     def _put_layer(self, i: int, module):
