@@ -22,7 +22,7 @@ from mlx_lm.models.rope_utils import initialize_rope
 from . import flash
 from .attention import block_attention, default_from_keys
 from .cache import BucketKVCache
-from .layer import fits, fused, qk_norms
+from .layer import fits, fused, linears, qk_norms
 from .linear import fusable
 
 REQUIRED_CONFIG = (
@@ -261,13 +261,11 @@ class DraftLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
     def _fits(self, x, cache) -> bool:
-        a, mlp = self.self_attn, self.mlp
-        parts = [a.q_proj, a.k_proj, a.v_proj, a.o_proj]
-        parts += [mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+        a = self.self_attn
         return (
             a.window is None
             and flash.applies(a.flash, x, cache)
-            and fusable(*parts)
+            and fusable(*linears(self))
             and fits(self, x)
         )
 

@@ -1,4 +1,4 @@
-"""A verify block's attention on CUDA in three kernel launches.
+"""A verify or draft block's attention on CUDA in three kernel launches.
 
 Between a mirrored layer's q/k/v products and its o_proj, mlx_lm's attention
 is some 15 graph nodes per layer (reshapes, per-head norms, transposes, RoPE,
@@ -8,14 +8,16 @@ block's attention itself is a few µs of device work. Here it is:
 
 1. `norm_rope`: q and k's per-head RMSNorm and RoPE, and the layout (heads
    first) the cache takes, in one launch (v only changes layout);
-2. the cache writes (`BucketKVCache.update_and_fetch`, two in-place updates);
+2. the cache writes (MLX's two in-place slice updates);
 3. `attention`: split-K flash attention of the block's queries over the cache's
-   first `offset + L` keys, causal inside the block, with tensor-core
+   first `offset + L` keys, causal (a verify) or not (a draft), with tensor-core
    `mma.sync` (bf16/fp16 in, fp32 scores, softmax and accumulation), then one
    launch that merges the key splits and writes o_proj's input rows.
 
-Only the valid keys are read (not the bucket's padding), and long contexts are
-split over the GPU's SMs, which MLX's masked attention does not do for a block.
+`attend` runs the three for a layer (layer.py's verify blocks, attention.py's
+wrapper, draft.py's blocks). Only the valid keys are read (not the bucket's
+padding), and long contexts are split over the GPU's SMs, which MLX's masked
+attention does not do for a block.
 Rounding follows stock where it is cheap to: the norm's output and RoPE's are
 rounded to the input dtype as `mx.fast.rms_norm` and `mx.fast.rope` round them.
 """
@@ -450,8 +452,8 @@ def attention(
 
 def offsets(offset: int, keys: mx.array) -> mx.array:
     """The kernels' `off` input for a block at `offset` over cache buffers
-    `keys`: [offset, key splits] (the splits follow the buffer's capacity, so
-    that a compiled block keeps one grid per bucket)."""
+    `keys`: [offset, key splits] (`attention` splits the buffer's capacity;
+    splits past the block's last key are empty)."""
     return mx.array([offset, splits(keys.shape[2], keys.shape[1])], mx.int32)
 
 

@@ -6,8 +6,9 @@ mirrors line for line (mlx_lm's llama / qwen2 / qwen3 `TransformerBlock`:
 `h = x + attn(norm1(x))`, `out = h + mlp(norm2(h))`), a block of 2-64 rows
 takes four launches of the linear.py kernel: RMSNorm + q/k/v, o_proj + the
 residual, RMSNorm + gate/up/SwiGLU, down_proj + the residual; the attention
-between them is attention.py's. Put on layer instances only inside
-`Target.forward`; every other call goes to the stock layer.
+between them is flash.py's where it applies, else attention.py's. Put on layer
+instances only inside `Target.forward`; every other call goes to the stock
+layer. `fits` / `fused` also run the DFlash draft's layers (draft.py).
 """
 
 from typing import Optional
@@ -64,10 +65,15 @@ _PROJ = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
 
 
+def linears(l: nn.Module):
+    """Layer `l`'s [q, k, v, o, gate, up, down] projection modules."""
+    a, mlp = l["self_attn"], l["mlp"]
+    return [a[n] for n in _PROJ] + [mlp[n] for n in _MLP]
+
+
 def _parts(l: nn.Module):
     """[q, k, v, o, gate, up, down] weights and the two norms of layer `l`."""
-    a, mlp = l["self_attn"], l["mlp"]
-    ws = [a[n]["weight"] for n in _PROJ] + [mlp[n]["weight"] for n in _MLP]
+    ws = [m["weight"] for m in linears(l)]
     return ws, l["input_layernorm"], l["post_attention_layernorm"]
 
 

@@ -428,17 +428,21 @@ def plain_linears(module: nn.Module) -> List[nn.Linear]:
     return [m for _, m in module.named_modules() if type(m) is nn.Linear]
 
 
+def swap_linears(layers: Iterable[nn.Linear], on: bool):
+    """Make `layers` (plain `nn.Linear` instances) `BlockLinear`, or plain again."""
+    for l in layers:
+        l.__class__ = BlockLinear if on else nn.Linear
+
+
 @contextmanager
 def block_linears(layers: Iterable[nn.Linear]):
     """Within the block, `layers` (plain `nn.Linear` instances) are `BlockLinear`."""
     layers = list(layers)
-    for l in layers:
-        l.__class__ = BlockLinear
+    swap_linears(layers, True)
     try:
         yield
     finally:
-        for l in layers:
-            l.__class__ = nn.Linear
+        swap_linears(layers, False)
 
 
 def default_block_linear(on: Optional[bool]) -> bool:

@@ -17,11 +17,11 @@ from .cache import BucketKVCache
 from .gdn import FastGatedDeltaNet, GatedDeltaNet, StepStates
 from .layer import wrap_layer
 from .linear import (
-    BlockLinear,
     applies,
     block_matmul,
     default_block_linear,
     plain_linears,
+    swap_linears,
     wrap_mlp,
 )
 from .wrapper import Wrapper
@@ -106,7 +106,9 @@ class Target:
         attention_kernel: verify blocks of the layers attention.py mirrors
           attend through flash.py's kernels (per-head norms and RoPE in one
           launch, split-K attention over the valid keys) instead of some 15
-          graph nodes per layer. Default: on CUDA; the kernels exist only there.
+          graph nodes per layer; with `block_linear` too, the DFlash drafters
+          made for this target run their layers the same way. Default: on
+          CUDA; the kernels exist only there.
     """
 
     def __init__(
@@ -269,8 +271,7 @@ class Target:
             layer.self_attn = wrapped if on else stock
         for layer, stock, wrapped in self._block_mlp:
             layer.mlp = wrapped if on else stock
-        for l in self._swapped:
-            l.__class__ = BlockLinear if on else nn.Linear
+        swap_linears(self._swapped, on)
 
     def _put_layer(self, i: int, module):
         """Layer i becomes `module`, under its tap if it has one."""
