@@ -30,6 +30,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .cache import BucketKVCache
+from .linear import MMA_HEADER
 
 CHUNK = 64  # keys per shared-memory tile
 MAX_ROWS = 128  # query rows per KV head (repeats x block length): 8 warps
@@ -96,15 +97,7 @@ _NORM_ROPE = """
 
 _NEG_INF = "#define NEG_INF __int_as_float(0xff800000)\n"
 
-_MMA = """
-__device__ __forceinline__ void mma16816(float* c, const unsigned* a,
-                                         unsigned b0, unsigned b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.MMA_T.MMA_T.f32 "
-      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+_PACK = """
 template <typename T>
 __device__ __forceinline__ unsigned pack2(float lo, float hi) {
   T h[2] = {static_cast<T>(lo), static_cast<T>(hi)};
@@ -308,7 +301,7 @@ def _flash_kernel(dtype, scale: float):
             input_names=["q", "kc", "vc", "off"],
             output_names=["po", "pm", "pl"],
             source=_FLASH.replace("SCALE_LOG2E", f"{scale * math.log2(math.e)!r}f"),
-            header=_NEG_INF + _MMA.replace("MMA_T", ptx),
+            header=_NEG_INF + MMA_HEADER.replace("MMA_T", ptx) + _PACK,
         )
     return _kernels[key]
 

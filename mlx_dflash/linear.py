@@ -31,7 +31,9 @@ MAX_ROWS = 64  # 4 tiles of 16 rows; verify and draft blocks
 WARPS = 8  # per block, splitting K
 K_CHUNK = 64  # K consumed by one warp step: 4 lanes x 16 values
 
-_HEADER = """
+# One m16n8k16 tensor-core product-accumulate (MMA_T: bf16 or f16); flash.py
+# uses it too.
+MMA_HEADER = """
 __device__ __forceinline__ void mma16816(float* c, const unsigned* a,
                                          unsigned b0, unsigned b1) {
   asm volatile(
@@ -257,7 +259,7 @@ def _kernel(dtype, groups: int, bias: bool, swiglu: bool, eps, residual: bool):
             input_names=inputs,
             output_names=["y0"] if swiglu else [f"y{i}" for i in range(groups)],
             source=source,
-            header=_HEADER.replace("MMA_T", ptx),
+            header=MMA_HEADER.replace("MMA_T", ptx),
         )
     return _kernels[key]
 

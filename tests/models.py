@@ -170,3 +170,29 @@ def save_tiny_shape_draft(path) -> str:
     )
     save_draft(DFlashDraft(args), str(path))
     return str(path)
+
+
+def kernel_model(family: str = "qwen3"):
+    """A 2-layer bf16 llama or qwen3 model of shapes the CUDA kernels take
+    (hidden 512, MLP 1024, 4 query / 2 KV heads of 128, vocab 1024)."""
+    from mlx_lm.models import llama, qwen3
+
+    cls = {"qwen3": qwen3, "llama": llama}[family]
+    args = cls.ModelArgs(
+        model_type=family,
+        hidden_size=512,
+        num_hidden_layers=2,
+        intermediate_size=1024,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=128,
+        rms_norm_eps=1e-6,
+        vocab_size=1024,
+        max_position_embeddings=4096,
+        rope_theta=1e6,
+        tie_word_embeddings=True,
+    )
+    model = cls.Model(args)
+    model.set_dtype(mx.bfloat16)
+    model.eval()
+    return model

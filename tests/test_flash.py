@@ -9,6 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx_lm.models import llama, qwen3
+from models import kernel_model
 
 from mlx_dflash import flash
 from mlx_dflash.cache import BucketKVCache
@@ -165,7 +166,7 @@ def test_draft_logits_close_with_and_without_kernels_bf16():
     from mlx_dflash.drafters import DFlashDrafter
 
     mx.random.seed(5)
-    target = Target(bf16_model("qwen3"))
+    target = Target(kernel_model("qwen3"))
     args = DraftArgs(
         hidden_size=512,
         intermediate_size=1024,
@@ -209,35 +210,13 @@ def test_splits_cover_every_chunk():
             assert 1 <= s <= chunks and (s - 1) * per < chunks <= s * per
 
 
-def bf16_model(family):
-    cls = {"qwen3": qwen3, "llama": llama}[family]
-    args = cls.ModelArgs(
-        model_type=family,
-        hidden_size=512,
-        num_hidden_layers=2,
-        intermediate_size=1024,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=128,
-        rms_norm_eps=1e-6,
-        vocab_size=1024,
-        max_position_embeddings=4096,
-        rope_theta=1e6,
-        tie_word_embeddings=True,
-    )
-    model = cls.Model(args)
-    model.set_dtype(mx.bfloat16)
-    model.eval()
-    return model
-
-
 @on_cuda
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
 def test_verify_logits_close_with_and_without_kernels_bf16(family, monkeypatch):
     """A bf16 target's 16-token verify at ~700 keys: the same logits with
     flash.py's attention as with the ops path, up to bf16 rounding."""
     mx.random.seed(0)
-    model = bf16_model(family)
+    model = kernel_model(family)
     prompt = mx.random.randint(0, 1024, (1, 700))
     block = mx.random.randint(0, 1024, (1, 16))
     launches = []

@@ -5,8 +5,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from mlx_lm.models import qwen3
-from models import tiny_model
+from models import kernel_model, tiny_model
 
 from mlx_dflash.linear import (
     BlockLinear,
@@ -141,24 +140,8 @@ def test_block_linear_falls_back_for_other_inputs():
 def test_verify_logits_close_to_stock_products_bf16():
     """A bf16 target whose every linear takes the kernel: same logits as without
     it, up to bf16 rounding of the two products' different summation order."""
-    args = qwen3.ModelArgs(
-        model_type="qwen3",
-        hidden_size=512,
-        num_hidden_layers=2,
-        intermediate_size=1024,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=128,
-        rms_norm_eps=1e-6,
-        vocab_size=1024,
-        max_position_embeddings=4096,
-        rope_theta=1e6,
-        tie_word_embeddings=True,
-    )
     mx.random.seed(0)
-    model = qwen3.Model(args)
-    model.set_dtype(mx.bfloat16)
-    model.eval()
+    model = kernel_model("qwen3")
     tokens = mx.random.randint(0, 1024, (1, 16))
     out = []
     for on in (False, True):
