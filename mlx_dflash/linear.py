@@ -28,8 +28,9 @@ import mlx.nn as nn
 from .wrapper import Wrapper, class_name
 
 MAX_ROWS = 64  # 4 tiles of 16 rows; verify and draft blocks
-WARPS = 8  # per block, splitting K
+WARPS = 8  # per block, splitting K (16 for one row tile where K allows)
 K_CHUNK = 64  # K consumed by one warp step: 4 lanes x 16 values
+COLS = 16  # output columns per block
 
 # One m16n8k16 tensor-core product-accumulate (MMA_T: bf16 or f16); flash.py
 # uses it too.
@@ -49,7 +50,9 @@ __device__ __forceinline__ void mma16816(float* c, const unsigned* a,
 # t = lane % 4) loads 16 consecutive k of weight row g of each tile and of block
 # rows g, g + 8, and feeds them to 4 mma steps. The k order inside a step does
 # not matter to a dot product, only that A and B agree, so this order lets
-# every lane read 32 contiguous bytes (a weight row's 64 k by 4 lanes at once).
+# every lane read 32 contiguous bytes (a weight row's 64 k by 4 lanes at once;
+# 4 lanes reading 64 contiguous bytes per load instead measured slower, as did
+# non-caching loads with an L2 prefetch hint: speed.md section 12).
 # P panels: 1 (one weight per block; SELECT picks which of the group's weights
 # from the block index) or 2 (gate and up at the same columns, for SwiGLU).
 _SOURCE = """
@@ -70,7 +73,10 @@ _SOURCE = """
   float acc[P][MT][NT][4] = {};
   float ss[MT][2] = {};  // NORM: sums of squares of rows g, g + 8 (this lane's k)
 
-  #pragma unroll 2
+  // Unrolled 4 deep so that each warp has 4 steps of weight loads in flight:
+  // on the H200 a Qwen3-8B layer's four launches take 125 us, against 150 us
+  // unrolled 2 (gate/up 84 -> 65 us; speed.md section 12).
+  #pragma unroll 4
   for (int kc = k_begin; kc < k_begin + kper; kc += 64) {
     const int kk = kc + t * 16;
     uint4 wv[P][NT][2];
@@ -264,10 +270,13 @@ def _kernel(dtype, groups: int, bias: bool, swiglu: bool, eps, residual: bool):
     return _kernels[key]
 
 
-def tiles_columns(ns: Sequence[int]) -> int:
-    """Output columns per thread block: 32, or 16 where 32 does not divide every
-    n or would leave too few blocks to keep every SM streaming."""
-    return 32 if all(n % 32 == 0 for n in ns) and sum(ns) // 32 >= 128 else 16
+def tiling(rows: int, k: int):
+    """(output columns, warps) per thread block: 16 columns and, for one tile
+    of rows, 16 warps splitting K, which put the most loads in flight per
+    multiprocessor in the H200 sweep (speed.md section 12). More row tiles
+    take 8 warps: their accumulators need more registers than each of 512
+    threads may hold."""
+    return COLS, 16 if rows <= 16 and k % (16 * K_CHUNK) == 0 else WARPS
 
 
 def tiled(dtype, *weights: mx.array) -> bool:
@@ -308,7 +317,7 @@ def _launch(
     norm=None,
     residual=None,
     cols=None,
-    warps=WARPS,
+    warps=None,
 ):
     """One kernel launch; `norm` = (weight, eps) of an RMSNorm applied to x first,
     `residual` an array added to the (single) output."""
@@ -319,7 +328,8 @@ def _launch(
     lead = x.shape[:-1]
     m = x.size // k
     ns = [w.shape[0] for w in weights]
-    cols = cols or tiles_columns(ns[:1] if swiglu else ns)
+    auto_cols, auto_warps = tiling(m, k)
+    cols, warps = cols or auto_cols, warps or auto_warps
     blocks = [n // cols for n in ns]
     template = [
         ("T", x.dtype),
@@ -358,7 +368,7 @@ def block_matmul(
     *,
     residual: Optional[mx.array] = None,
     cols: Optional[int] = None,
-    warps: int = WARPS,
+    warps: Optional[int] = None,
 ) -> mx.array:
     """`x @ weight.T (+ bias)` for 2-64 rows of x in one kernel (see `applies`);
     with `residual`, `residual + x @ weight.T` (no bias then).

@@ -1,0 +1,236 @@
+"""Probe: variants of linear.py's kernel on a Qwen3-8B layer's four launches.
+
+Each variant rewrites the kernel text (load addresses, cache hints, unrolling)
+and is timed on the four launches of one verify layer (16 rows): q/k/v with the
+RMSNorm, o_proj with the residual, gate/up with SwiGLU and the norm, down_proj
+with the residual; plus the lm_head. Per call, from `--calls` calls queued and
+evaluated at once over 8 rotating weight sets (far more than the L2 holds).
+GB/s counts the weight bytes. `diff` is the largest difference from the
+shipped kernel's output. These timings include the Python time to queue the
+calls; for the GPU's time per launch, `--reps 0` makes one launch of each for
+a profiler (how speed.md section 12 used it):
+
+    python bench/probe_linear_variants.py [--calls 72] [--variants base,u2]
+    ncu --clock-control none --csv -k regex:"dflash_block_linear|gemv" \
+        --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+        python bench/probe_linear_variants.py --reps 0 --tilings auto,16x16
+"""
+
+import argparse
+import json
+import time
+
+import mlx.core as mx
+
+from mlx_dflash import linear
+
+# ld.global.nc with L1 no-allocate and a 256-byte L2 prefetch: weights are
+# streamed once per launch.
+_LDW = """
+__device__ __forceinline__ uint4 ldw(const uint4* p) {
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+__device__ __forceinline__ uint4 ldn(const uint4* p) {
+  uint4 r;
+  asm("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+"""
+
+
+def coalesced(src):
+    # Lane t reads k [8t, 8t + 8) and [32 + 8t, 40 + 8t) of each 64: four lanes
+    # cover 64 contiguous bytes per load instead of 4 half sectors.
+    return src.replace("kc + t * 16", "kc + t * 8").replace("q[1]", "q[4]")
+
+
+def weights_via(fn):
+    def edit(src):
+        return src.replace("wv[p][j][0] = q[0];", f"wv[p][j][0] = {fn}(q);").replace(
+            "wv[p][j][1] = q[4];", f"wv[p][j][1] = {fn}(q + 4);"
+        )
+
+    return edit
+
+
+def unroll(n):
+    return lambda src: src.replace(
+        "#pragma unroll 4\n  for (int kc", f"#pragma unroll {n}\n  for (int kc"
+    )
+
+
+def base_weights_via(fn):
+    def edit(src):
+        return src.replace("wv[p][j][0] = q[0];", f"wv[p][j][0] = {fn}(q);").replace(
+            "wv[p][j][1] = q[1];", f"wv[p][j][1] = {fn}(q + 1);"
+        )
+
+    return edit
+
+
+VARIANTS = {
+    "base": [],
+    "u1": [unroll(1)],
+    "u2": [unroll(2)],
+    "nc256": [base_weights_via("ldw")],
+    "coal": [coalesced],
+    "coal_nc": [coalesced, weights_via("ldn")],
+    "coal_nc256": [coalesced, weights_via("ldw")],
+}
+
+_original = mx.fast.cuda_kernel
+
+
+def use_variant(name):
+    """Route linear.py's kernel builds through `name`'s text edits."""
+    edits = VARIANTS[name]
+
+    def build(*, name: str, source: str, header: str = "", **kw):
+        for e in edits:
+            source = e(source)
+        if edits:
+            header += _LDW
+        return _original(name=f"{name}_{tag}", source=source, header=header, **kw)
+
+    tag = name
+    mx.fast.cuda_kernel = build
+    linear._kernels.clear()
+
+
+def parse(tiling):
+    """'16x16' -> (16, 16) columns and warps; 'auto' -> linear.py's choice."""
+    return (None, None) if tiling == "auto" else tuple(map(int, tiling.split("x")))
+
+
+def fits(case, cols, warps, h, f):
+    """Whether the tiling divides the case's shapes and its reduction buffer
+    fits the 48 KB of static shared memory."""
+    if cols is None:
+        return True
+    k = f if case == "down" else h
+    panels = 2 if case == "gate_up" else 1
+    return k % (64 * warps) == 0 and panels * warps * 16 * cols * 4 <= 48 * 1024
+
+
+def timed(fn, reps=20):
+    mx.eval(fn())
+    ts = []
+    for _ in range(reps):
+        tic = time.perf_counter()
+        mx.eval(fn())
+        ts.append(time.perf_counter() - tic)
+    return sorted(ts)[len(ts) // 2]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--calls", type=int, default=72)
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--tilings", default="auto,16x16,32x8")
+    p.add_argument("--reps", type=int, default=20, help="0: one launch each, for ncu")
+    a = p.parse_args()
+    h, f, v, kvh = 4096, 12288, 151936, 1024
+    bf = mx.bfloat16
+    rnd = lambda *s: (mx.random.normal(s) * s[-1] ** -0.5).astype(bf)
+    sets = [
+        dict(
+            q=rnd(h, h),
+            k=rnd(kvh, h),
+            v=rnd(kvh, h),
+            o=rnd(h, h),
+            g=rnd(f, h),
+            u=rnd(f, h),
+            d=rnd(h, f),
+            n1=rnd(h),
+            n2=rnd(h),
+        )
+        for _ in range(8)
+    ]
+    head = rnd(v, h)
+    x, hid = rnd(1, 16, h), rnd(1, 16, f)
+    mx.eval(sets, head, x, hid)
+    L = linear._launch
+    cases = {  # name: (bytes of weights, one call for weight set s, cols, warps)
+        "qkv": (
+            2 * h * (h + 2 * kvh),
+            lambda s, c, w: L(
+                x, [s["q"], s["k"], s["v"]], norm=(s["n1"], 1e-6), cols=c, warps=w
+            ),
+        ),
+        "o": (2 * h * h, lambda s, c, w: L(x, [s["o"]], residual=x, cols=c, warps=w)),
+        "gate_up": (
+            4 * h * f,
+            lambda s, c, w: L(
+                x, [s["g"], s["u"]], swiglu=True, norm=(s["n2"], 1e-6), cols=c, warps=w
+            ),
+        ),
+        "down": (
+            2 * h * f,
+            lambda s, c, w: L(hid, [s["d"]], residual=x, cols=c, warps=w),
+        ),
+        "lm_head": (2 * h * v, lambda s, c, w: L(x, [head], cols=c, warps=w)),
+    }
+    ref = {}
+    use_variant("base")
+    for name, (_, call) in cases.items():
+        ref[name] = call(sets[0], None, None)
+    mx.eval(ref)
+    x1 = rnd(1, 1, h)
+    if a.reps == 0:
+        # One launch each, in this order, for a profiler (ncu) to time.
+        order = []
+        mx.eval(x1 @ sets[1]["g"].T, hid[:, :1] @ sets[1]["d"].T)
+        order += ["gemv_1row gate", "gemv_1row down"]
+        for var in a.variants.split(","):
+            use_variant(var)
+            for tiling in a.tilings.split(","):
+                cols, warps = parse(tiling)
+                for name, (_, call) in cases.items():
+                    if not fits(name, cols, warps, h, f):
+                        continue
+                    mx.eval(call(sets[2], cols, warps))
+                    order.append(f"{var} {cols}x{warps} {name}")
+        print(json.dumps({"order": order}))
+        mx.fast.cuda_kernel = _original
+        return
+    # MLX's gemv on one row, for the ceiling.
+    t = timed(lambda: [x1 @ sets[i % 8]["g"].T for i in range(a.calls)])
+    print(json.dumps({"gemv_1row_gate_GBps": round(2 * h * f * a.calls / t / 1e9)}))
+    for var in a.variants.split(","):
+        use_variant(var)
+        for tiling in a.tilings.split(","):
+            cols, warps = parse(tiling)
+            row = {"variant": var, "cols": cols, "warps": warps}
+            total_b = total_t = 0.0
+            for name, (nbytes, call) in cases.items():
+                if not fits(name, cols, warps, h, f):
+                    continue
+                calls = 4 if name == "lm_head" else a.calls
+                t = timed(
+                    lambda: [call(sets[i % 8], cols, warps) for i in range(calls)],
+                    a.reps,
+                )
+                diff = max(
+                    mx.abs(o.astype(mx.float32) - r.astype(mx.float32)).max().item()
+                    for o, r in zip(call(sets[0], cols, warps), ref[name])
+                )
+                row[name] = {
+                    "us": round(t / calls * 1e6, 1),
+                    "GBps": round(nbytes * calls / t / 1e9),
+                    "diff": diff,
+                }
+                if name != "lm_head":
+                    total_b += nbytes * calls
+                    total_t += t
+            if total_t:
+                row["layer_GBps"] = round(total_b / total_t / 1e9)
+            print(json.dumps(row), flush=True)
+    mx.fast.cuda_kernel = _original
+
+
+if __name__ == "__main__":
+    main()
