@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Exactly what produced bench/results/h200-ncu-linear-*.csv, h200-probe-linear-variants.jsonl,
-# h200-unroll*-*, h200-probe-verify-9b-unroll.jsonl and h200-probe-cycle-unroll.jsonl
+# h200-unroll*-*, h200-probe-verify-9b-unroll.jsonl, h200-probe-cycle-unroll.jsonl and
+# h200-ncu-verify-kernels.csv
 # (eighth session, 2026-11-30; speed.md section 12). One H200, MLX CUDA 0.32.4, mlx-lm 0.32.2,
 # after staging MLX CUDA (shared/device/mlx-cuda/stage.sh, both halves), from the repo root:
 #   export PYTHONUNBUFFERED=1 PYTHONPATH=/root/site:$PWD
-# Four fresh machines (calls 1, 2, 3+4, 5); compare ratios within one bench command.
+# Six fresh machines (calls 1, 2, 3+4, 5, 6, 7); compare ratios within one bench command.
 # Calls 1 and 2 ran linear.py as it was at 39717a4 (unroll 2; 32 columns x 8 warps), and
 # bench/probe_linear_variants.py named that kernel "base" and the unroll-4 edit "u4". From
 # call 3 on, linear.py is unrolled 4 deep with 16 columns x 16 warps: the probe's "base" is
@@ -51,3 +52,6 @@ python3 bench/probe_cycle.py qwen3-8b --every 4 --reps 20 | tee $out/h200-probe-
 ncu --clock-control none --csv --metrics gpu__time_duration.sum \
   python3 bench/probe_verify_kernels.py qwen3-8b > $out/h200-ncu-verify-kernels.csv 2>&1
 python3 bench/probe_verify_kernels.py --table $out/h200-ncu-verify-kernels.csv
+
+# Call 7 (a fresh machine, same code): one more 8B run.
+$b --shape qwen3-8b --suites code --prompts-per-suite 1 --repeats 7 --out $out/h200-unroll4-qwen3-8b
