@@ -10,7 +10,6 @@ a one-token step of the same target at the same context:
 """
 
 import argparse
-import csv
 import re
 from collections import defaultdict
 
@@ -79,11 +78,11 @@ KINDS = [  # (kind, pattern in the kernel name), first match wins
 
 
 def table(path: str):
-    rows = list(csv.reader(l for l in open(path) if l.startswith('"')))
-    head = {h: i for i, h in enumerate(rows[0])}
+    from ncu_table import launches  # bench/, beside this script
+
     section, sums, counts = None, defaultdict(float), defaultdict(int)
-    for r in rows[1:]:
-        name = r[head["Kernel Name"]]
+    for launch in launches(path):
+        name = launch["name"]
         m = re.search(r"probe_marker_([a-z]+)", name)
         if m:
             section = m.group(1)
@@ -91,7 +90,7 @@ def table(path: str):
         if section in (None, "end"):
             continue
         kind = next((k for k, p in KINDS if re.search(p, name)), name[:50])
-        us = float(r[head["Metric Value"]].replace(",", "")) / 1e3
+        us = float(launch["gpu__time_duration.sum"].replace(",", "")) / 1e3
         sums[section, kind] += us
         counts[section, kind] += 1
     for section in ("verify", "step"):
