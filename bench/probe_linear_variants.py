@@ -48,10 +48,13 @@ def coalesced(src):
     return src.replace("kc + t * 16", "kc + t * 8").replace("q[1]", "q[4]")
 
 
-def weights_via(fn):
+def weights_via(fn, second=1):
+    """Weight loads through `fn`; `second`: the uint4 offset of a lane's second
+    load (1, or 4 after `coalesced`)."""
+
     def edit(src):
         return src.replace("wv[p][j][0] = q[0];", f"wv[p][j][0] = {fn}(q);").replace(
-            "wv[p][j][1] = q[4];", f"wv[p][j][1] = {fn}(q + 4);"
+            f"wv[p][j][1] = q[{second}];", f"wv[p][j][1] = {fn}(q + {second});"
         )
 
     return edit
@@ -63,23 +66,14 @@ def unroll(n):
     )
 
 
-def base_weights_via(fn):
-    def edit(src):
-        return src.replace("wv[p][j][0] = q[0];", f"wv[p][j][0] = {fn}(q);").replace(
-            "wv[p][j][1] = q[1];", f"wv[p][j][1] = {fn}(q + 1);"
-        )
-
-    return edit
-
-
 VARIANTS = {
     "base": [],
     "u1": [unroll(1)],
     "u2": [unroll(2)],
-    "nc256": [base_weights_via("ldw")],
+    "nc256": [weights_via("ldw")],
     "coal": [coalesced],
-    "coal_nc": [coalesced, weights_via("ldn")],
-    "coal_nc256": [coalesced, weights_via("ldw")],
+    "coal_nc": [coalesced, weights_via("ldn", 4)],
+    "coal_nc256": [coalesced, weights_via("ldw", 4)],
 }
 
 _original = mx.fast.cuda_kernel
