@@ -13,7 +13,7 @@ autoregressive decoding would. One host sync per cycle. With a `Fallback`
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Generator, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Generator, Iterable, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 
@@ -25,6 +25,14 @@ from .stats import SpecStats
 from .target import Target
 
 
+class Cancelled(Exception):
+    """Prefill stopped between chunks; the caches hold `prompt[:filled]`."""
+
+    def __init__(self, filled: int):
+        super().__init__(f"cancelled after {filled} prompt tokens")
+        self.filled = filled
+
+
 def prefill(
     target: Target,
     cache: List[Any],
@@ -33,11 +41,14 @@ def prefill(
     *,
     step_size: int = 2048,
     cached: int = 0,
+    should_stop: Optional[Callable[[], bool]] = None,
 ) -> mx.array:
     """Fill the caches with `prompt`; return the logits of its last row only.
 
     With `cached` > 0 the target cache and the drafter already hold
     `prompt[:cached]` (a reused prompt cache) and only the rest is run.
+    `should_stop` is asked before each chunk; when it says so, `Cancelled`
+    is raised with the caches consistent up to the chunks already run.
     """
     if not 0 <= cached < len(prompt):
         raise ValueError(f"cached prefix {cached} must be shorter than the prompt")
@@ -45,6 +56,8 @@ def prefill(
         drafter.start(prompt)
     logits = None
     for s in range(cached, len(prompt), step_size):
+        if should_stop is not None and should_stop():
+            raise Cancelled(s)
         chunk = list(prompt[s : s + step_size])
         last = s + step_size >= len(prompt)
         logits, features = target.forward(
@@ -72,6 +85,7 @@ def generate_step(
     logprobs: Optional[int] = None,
     fallback: Optional[Fallback] = None,
     stats: Optional[SpecStats] = None,
+    should_stop: Optional[Callable[[], bool]] = None,
 ) -> Generator[tuple, None, None]:
     """Speculative decoding whose output is the target's own.
 
@@ -97,6 +111,8 @@ def generate_step(
         fallback: decode plainly while speculation does not pay, probing
           cheaply when to resume (see `fallback.py`; None = always speculate).
         stats: filled in as cycles complete.
+        should_stop: asked between prefill chunks (see `prefill`); the caller
+          checks it between yielded tokens itself.
 
     When the generator is exhausted, `cache` and the drafter hold
     `prompt + output[:-1]`, exactly as plain decoding would leave them.
@@ -121,7 +137,13 @@ def generate_step(
     key = mx.random.key(seed)
 
     logits = prefill(
-        target, cache, drafter, prompt, step_size=prefill_step_size, cached=cached
+        target,
+        cache,
+        drafter,
+        prompt,
+        step_size=prefill_step_size,
+        cached=cached,
+        should_stop=should_stop,
     )
     key, k = mx.random.split(key)
     first = pick(logits, params, k)

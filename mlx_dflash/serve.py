@@ -2,11 +2,15 @@
 
 import argparse
 import logging
+import signal
 from pathlib import Path
+from typing import List, Optional
 
 import mlx.core as mx
+import uvicorn
 
 from .load import add_engine_args
+from .server.app import MAX_REQUEST_BYTES
 
 
 def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -23,7 +27,9 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--api-key",
         default=None,
-        help="require this key (Bearer or x-api-key) on every route but /health",
+        help="require a key (Bearer or x-api-key) on every route but /health: "
+        "one key, a comma-separated list, or a file with one key per line. "
+        "Each key has its own prompt-cache entries",
     )
     parser.add_argument(
         "--prompt-cache-bytes",
@@ -59,8 +65,63 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="answer 400 to requests whose estimated memory (weights + caches) "
         "exceeds this (default: what the device has free)",
     )
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=None,
+        help="end requests that take longer than this many seconds, queueing "
+        "included, with a timeout error (default: no limit)",
+    )
+    parser.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=30.0,
+        help="cancel a stream whose client has read nothing for this many "
+        "seconds while output waits (default 30)",
+    )
+    parser.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=MAX_REQUEST_BYTES,
+        help=f"answer 413 to larger request bodies (default {MAX_REQUEST_BYTES >> 20} MiB)",
+    )
     parser.add_argument("--log-level", default="info")
     return parser
+
+
+def read_api_keys(value: Optional[str]) -> List[str]:
+    """`--api-key`: a file of keys (one per line, # comments) or a comma list."""
+    if not value:
+        return []
+    path = Path(value).expanduser()
+    if path.is_file():
+        lines = path.read_text().splitlines()
+        keys = [k.strip() for k in lines if k.strip() and not k.startswith("#")]
+        if not keys:
+            raise ValueError(f"--api-key file {path} holds no keys")
+        return keys
+    return [k.strip() for k in value.split(",") if k.strip()]
+
+
+class Server(uvicorn.Server):
+    """uvicorn, but SIGTERM/SIGINT first end every generation.
+
+    uvicorn alone waits for open streams to finish (a 32k-token answer), and
+    re-raises the signal afterwards. Here the engine ends running and queued
+    jobs, so streams close with the API's own error event, uvicorn's
+    connections drain within moments, and the process exits 0. A second
+    SIGINT still forces the exit.
+    """
+
+    def __init__(self, config: uvicorn.Config, engine):
+        super().__init__(config)
+        self.engine = engine
+
+    def handle_exit(self, sig, frame):
+        self.engine.close()
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+        self.should_exit = True
 
 
 def make_provider(args):
@@ -99,6 +160,14 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.default_temperature is not None and args.default_temperature < 0:
         parser.error("--default-temperature must be >= 0")
+    for flag in ("request_timeout", "stall_timeout", "max_request_bytes"):
+        value = getattr(args, flag)
+        if value is not None and value <= 0:
+            parser.error(f"--{flag.replace('_', '-')} must be > 0")
+    try:
+        api_keys = read_api_keys(args.api_key)
+    except (OSError, ValueError) as e:
+        parser.exit(2, f"error: {e}\n")
     if args.model is not None and args.draft is None:
         from .registry import draft_for
 
@@ -115,8 +184,6 @@ def main(argv=None):
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
 
-    import uvicorn
-
     from .fallback import Fallback
     from .server import Engine, EngineConfig, create_app
 
@@ -132,6 +199,8 @@ def main(argv=None):
         max_memory=(
             None if args.max_memory_gb is None else int(args.max_memory_gb * 1e9)
         ),
+        request_timeout=args.request_timeout,
+        stall_seconds=args.stall_timeout,
     )
     try:
         engine = Engine(make_provider(args), config).start()
@@ -150,15 +219,20 @@ def main(argv=None):
         args.host,
         args.port,
     )
+    app = create_app(
+        engine, api_key=api_keys, max_request_bytes=args.max_request_bytes
+    )
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level.lower(),
+        timeout_graceful_shutdown=5,
+    )
     try:
-        uvicorn.run(
-            create_app(engine, api_key=args.api_key),
-            host=args.host,
-            port=args.port,
-            log_level=args.log_level.lower(),
-        )
+        Server(config, engine).run()
     finally:
-        engine.stop()
+        engine.stop(timeout=5)
 
 
 if __name__ == "__main__":

@@ -196,6 +196,8 @@ def test_serve_answers_400_when_memory_would_run_out():
     server = LiveServer(random_provider("qwen3"), max_memory=1)
     try:
         server.engine.config.max_memory = mx.get_active_memory() + (64 << 20)
+        # A window that holds the max_tokens below: only memory can refuse it.
+        server.engine.config.max_context = 100_000_000
         ok = server.openai.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4
         )

@@ -110,13 +110,13 @@ class ScriptedModel(nn.Module):
 class LiveServer:
     """uvicorn on 127.0.0.1, port 0, in a thread."""
 
-    def __init__(self, provider, *, api_key=None, **config):
+    def __init__(self, provider, *, api_key=None, app_args=None, **config):
         # Greedy unless a request names a temperature: outputs are comparable.
         config = {"default_temperature": 0.0, **config}
         self.engine = Engine(
             provider, EngineConfig(model_name="tiny", **config)
         ).start()
-        app = create_app(self.engine, api_key=api_key)
+        app = create_app(self.engine, api_key=api_key, **(app_args or {}))
         self.server = uvicorn.Server(
             uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning")
         )

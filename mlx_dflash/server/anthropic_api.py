@@ -11,12 +11,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from .common import (
     APIError,
     Finish,
-    check_length,
+    ANTHROPIC_ERROR_TYPES,
     check_model,
     encode_chat,
     engine_headers,
     engine_info,
+    fit_max_tokens,
+    off_loop,
     run_job,
+    submit,
 )
 from .engine import Engine, Job
 
@@ -187,8 +190,9 @@ def _event(name: str, data: dict) -> str:
     return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-def _error(message: str, type_: str = "api_error") -> dict:
-    return {"type": "error", "error": {"type": type_, "message": message}}
+def _error(message: str, status: int = 500) -> dict:
+    kind = ANTHROPIC_ERROR_TYPES.get(status, "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def make_router(engine: Engine) -> APIRouter:
@@ -197,24 +201,26 @@ def make_router(engine: Engine) -> APIRouter:
     @router.post("/v1/messages/count_tokens")
     async def count_tokens(req: CountTokensRequest):
         check_model(engine, req.model)
-        prompt, _ = _prompt(engine, req)
+        prompt, _ = await off_loop(engine, lambda: _prompt(engine, req))
         return {"input_tokens": len(prompt)}
 
     @router.post("/v1/messages")
     async def messages(req: MessagesRequest, request: Request):
         check_model(engine, req.model)
-        prompt, tools = _prompt(engine, req)
-        check_length(engine, prompt, req.max_tokens)
+        prompt, tools = await off_loop(engine, lambda: _prompt(engine, req))
+        max_tokens, fit = fit_max_tokens(engine, prompt, req.max_tokens)
         temp = engine.temperature(req.temperature, DEFAULT_TEMPERATURE)
-        job = engine.submit(
+        job = submit(
+            engine,
             Job(
                 prompt=prompt,
-                max_tokens=req.max_tokens,
+                max_tokens=max_tokens,
                 temperature=temp,
                 top_p=req.top_p or 1.0,
                 top_k=req.top_k or 0,
                 engine=engine.engine_name(temp),
-            )
+            ),
+            request,
         )
         engine.metrics.requests.labels("anthropic-messages", "accepted").inc()
         head = {
@@ -232,7 +238,7 @@ def make_router(engine: Engine) -> APIRouter:
             max_calls=1 if single else None,
             request=request,
         )
-        headers = engine_headers(engine, job)
+        headers = {**engine_headers(engine, job), **fit}
         if req.stream:
             return StreamingResponse(
                 _stream(engine, parts, head, len(prompt)),
@@ -259,7 +265,7 @@ def make_router(engine: Engine) -> APIRouter:
                         | ({"signature": ""} if kind == "thinking" else {})
                     )
         if fin.reason == "error":
-            return JSONResponse(_error(fin.error), status_code=500)
+            return JSONResponse(_error(fin.error, fin.status), status_code=fin.status)
         body = {
             **head,
             "content": content,
@@ -320,7 +326,7 @@ async def _stream(engine, parts, head, n_prompt):
             for e in close():
                 yield e
             if p.reason == "error":
-                yield _event("error", _error(p.error))
+                yield _event("error", _error(p.error, p.status))
                 return
             yield _event(
                 "message_delta",

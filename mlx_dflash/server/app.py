@@ -1,8 +1,9 @@
 """The FastAPI app: routes, API-key check, and errors in each API's own format."""
 
+import hashlib
 import hmac
 import time
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -11,27 +12,19 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
 from . import anthropic_api, openai_api
-from .common import APIError
+from .common import ANTHROPIC_ERROR_TYPES, APIError
 from .engine import Engine
 
-_ANTHROPIC_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    500: "api_error",
-    503: "overloaded_error",
-}
-
+# Default cap on a request body: far above any agent's request (Claude Code's
+# first turn is ~0.2 MB), far below what would exhaust memory.
+MAX_REQUEST_BYTES = 32 << 20
 
 def error_response(
     request: Request, status: int, message: str, *, type_=None, param=None, code=None
 ) -> JSONResponse:
     """Anthropic's error shape under /v1/messages, OpenAI's everywhere else."""
     if request.url.path.startswith("/v1/messages"):
-        kind = _ANTHROPIC_TYPES.get(status, "invalid_request_error")
+        kind = ANTHROPIC_ERROR_TYPES.get(status, "invalid_request_error")
         body = {"type": "error", "error": {"type": kind, "message": message}}
     else:
         if type_ is None:
@@ -56,31 +49,112 @@ def _validation_message(exc: RequestValidationError):
     return f"{where}: {e.get('msg')}", (loc[0] if loc else None)
 
 
-def create_app(engine: Engine, *, api_key: Optional[str] = None) -> FastAPI:
+class BodyLimit:
+    """ASGI middleware: read a request body whole, answering 413 past `max_bytes`.
+
+    The app then gets the body in one piece; the disconnect that follows it
+    still reaches the app through the original `receive`.
+    """
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD"):
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            return await self._reject(scope, receive, send)
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                return await self._reject(scope, receive, send)
+            more = message.get("more_body", False)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _reject(self, scope, receive, send):
+        request = Request(scope, receive)
+        response = error_response(
+            request,
+            413,
+            f"the request body is larger than this server's limit of "
+            f"{self.max_bytes} bytes (--max-request-bytes)",
+            code="request_too_large",
+        )
+        await response(scope, receive, send)
+
+
+class KeyCheck:
+    """ASGI middleware: every route but /health needs one of `keys`.
+
+    The matching key's digest names the request's prompt-cache entries
+    (`request.state.cache_key`), so the cache never holds a raw key. Plain
+    ASGI rather than `@app.middleware`: Starlette's BaseHTTPMiddleware hides
+    a client's disconnect from the route, which must see it to cancel.
+    """
+
+    def __init__(self, app, keys: Sequence[str]):
+        self.app, self.keys = app, [k.encode() for k in keys]
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] == "/health":
+            return await self.app(scope, receive, send)
+        request = Request(scope, receive)
+        auth = request.headers.get("authorization", "")
+        given = request.headers.get("x-api-key") or (
+            auth[7:] if auth.lower().startswith("bearer ") else ""
+        )
+        given = given.encode("latin-1")
+        match = [k for k in self.keys if hmac.compare_digest(given, k)]
+        if not match:
+            response = error_response(
+                request, 401, "invalid or missing API key", code="invalid_api_key"
+            )
+            return await response(scope, receive, send)
+        scope.setdefault("state", {})["cache_key"] = hashlib.sha256(
+            match[0]
+        ).hexdigest()[:16]
+        await self.app(scope, receive, send)
+
+
+def create_app(
+    engine: Engine,
+    *,
+    api_key: Union[str, Sequence[str], None] = None,
+    max_request_bytes: int = MAX_REQUEST_BYTES,
+) -> FastAPI:
     """Build the app around a started `Engine`.
 
     Args:
         engine: owns the model on its generation thread.
-        api_key: when set, every route but /health needs it, as
-          `Authorization: Bearer KEY` or `x-api-key: KEY`.
+        api_key: a key or several; when set, every route but /health needs
+          one, as `Authorization: Bearer KEY` or `x-api-key: KEY`. Each key
+          has its own prompt-cache entries (and `cached_tokens`).
+        max_request_bytes: larger request bodies are answered 413.
     """
+    keys = [api_key] if isinstance(api_key, str) else list(api_key or [])
     app = FastAPI(title="mlx-dflash", docs_url=None, redoc_url=None)
     app.include_router(openai_api.make_router(engine))
     app.include_router(anthropic_api.make_router(engine))
+    app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
     started = int(time.time())
 
-    @app.middleware("http")
-    async def check_key(request: Request, call_next):
-        if api_key and request.url.path != "/health":
-            auth = request.headers.get("authorization", "")
-            given = request.headers.get("x-api-key") or (
-                auth[7:] if auth.lower().startswith("bearer ") else ""
-            )
-            if not hmac.compare_digest(given.encode(), api_key.encode()):
-                return error_response(
-                    request, 401, "invalid or missing API key", code="invalid_api_key"
-                )
-        return await call_next(request)
+    if keys:
+        app.add_middleware(KeyCheck, keys=keys)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError):

@@ -2,13 +2,27 @@
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import AsyncIterator, List, Optional, Sequence, Union
+from typing import AsyncIterator, Callable, List, Optional, Sequence, Tuple, TypeVar, Union
 
 from starlette.requests import Request
 
-from .engine import Engine, Job, TokenLogprob
+from .engine import Engine, Job, ShuttingDown, TokenLogprob
 from .output import REASONING, parse_tool_calls, parser_for
 from .prompt_cache import normalize_text
+
+
+# Anthropic's error `type` for each HTTP status (OpenAI's is in the body's `type`).
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
 
 
 class APIError(Exception):
@@ -69,22 +83,60 @@ def encode_chat(
     return list(prompt)
 
 
-def check_length(engine: Engine, prompt: Sequence[int], max_tokens: int):
+T = TypeVar("T")
+
+
+async def off_loop(engine: Engine, fn: Callable[[], T]) -> T:
+    """Run `fn` (templating, tokenising) on the engine's text thread.
+
+    A 1 MiB prompt takes seconds to template and tokenise; on the event loop
+    it would stall /health and every open stream meanwhile.
+    """
+    return await asyncio.get_running_loop().run_in_executor(engine.text_pool, fn)
+
+
+def fit_max_tokens(
+    engine: Engine, prompt: Sequence[int], max_tokens: int
+) -> Tuple[int, dict]:
+    """`max_tokens` lowered to what the context window leaves, and the headers.
+
+    A prompt that leaves no room is a 400; one that leaves less than asked
+    lowers `max_tokens` (the answer then ends with finish reason `length`)
+    and says so in the `x-mlx-dflash-max-tokens` header. The memory guard
+    checks what remains.
+    """
     if not prompt:
         raise APIError(400, "the prompt is empty", param="messages")
     limit = engine.config.max_context
-    if limit is not None and len(prompt) + 1 > limit:
-        raise APIError(
-            400,
-            f"the prompt has {len(prompt)} tokens; this model's context "
-            f"limit is {limit}",
-            param="messages",
-            code="context_length_exceeded",
-        )
+    headers = {}
+    if limit is not None:
+        room = limit - len(prompt)
+        if room < 1:
+            raise APIError(
+                400,
+                f"the prompt has {len(prompt)} tokens; this model's context "
+                f"limit is {limit}",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        if max_tokens > room:
+            max_tokens = room
+            headers["x-mlx-dflash-max-tokens"] = str(room)
     try:
         engine.check_memory(len(prompt), max_tokens)
     except ValueError as e:
         raise APIError(400, str(e), param="max_tokens", code="insufficient_memory")
+    return max_tokens, headers
+
+
+def submit(engine: Engine, job: Job, request: Optional[Request]) -> Job:
+    """Queue `job` under the client's prompt-cache key; 503 while shutting down."""
+    if request is not None:
+        job.cache_key = getattr(request.state, "cache_key", None)
+    try:
+        return engine.submit(job)
+    except ShuttingDown as e:
+        raise APIError(503, str(e), type="server_error", code="server_shutting_down")
 
 
 @dataclass
@@ -104,6 +156,7 @@ class Finish:
     usage: dict = field(default_factory=dict)
     stop_sequence: Optional[str] = None
     error: Optional[str] = None
+    status: int = 500  # HTTP status of an error
     logprobs: List[TokenLogprob] = field(default_factory=list)  # not yet sent
 
 
@@ -112,12 +165,14 @@ async def _watch(job: Job, request: Request):
 
     A response's body generator that is abandoned mid-`yield` is only closed
     when it is garbage-collected, so its `finally` can't be the one signal.
+    The body has been read, so the next message is the disconnect (or the
+    end of the response).
     """
     while not job.finished.is_set():
-        if await request.is_disconnected():
-            job.cancel()
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            job.cancel("client")
             return
-        await asyncio.sleep(0.2)
 
 
 async def run_job(
@@ -154,7 +209,7 @@ async def run_job(
         job.watcher = asyncio.get_running_loop().create_task(_watch(job, request))
     try:
         while True:
-            ev = await job.events.get()
+            ev = await job.next_event()
             final = ev.finish_reason is not None
             if parser.stopped_by is None:
                 pending += ev.logprobs
@@ -173,8 +228,10 @@ async def run_job(
     finally:
         if not final:
             job.cancel()
+        if job.watcher is not None:
+            job.watcher.cancel()
     if ev.finish_reason == "error":
-        yield Finish("error", ev.usage or {}, error=ev.error)
+        yield Finish("error", ev.usage or {}, error=ev.error, status=ev.status)
         return
     if parser.stopped_by is not None:
         reason = "stop_sequence"

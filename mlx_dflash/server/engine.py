@@ -1,8 +1,9 @@
 """The generation thread: it alone owns the model, the caches and the drafter.
 
 HTTP handlers submit `Job`s; the thread runs them one at a time in FIFO order
-and streams `Event`s back onto each job's asyncio queue. A job whose client
-went away is cancelled between tokens and its half-used cache is dropped.
+and streams `Event`s back onto each job's asyncio queue. A job stops between
+prefill chunks or tokens when its client went away, stopped reading for
+longer than `stall_seconds`, passed its deadline, or the server shuts down.
 """
 
 import asyncio
@@ -11,13 +12,14 @@ import logging
 import queue
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 from mlx_lm.models.cache import trim_prompt_cache
 
-from ..decode import generate_step, prefill
+from ..decode import Cancelled, generate_step, prefill
 from ..device import backend, device_info
 from ..fallback import Fallback
 from ..memory import available_memory, check_memory, memory_model
@@ -50,6 +52,20 @@ class EngineConfig:
     fallback: Optional[Fallback] = field(default_factory=Fallback)
     # Cap in bytes on this process's memory (None: what the device has free).
     max_memory: Optional[int] = None
+    # Wall-clock limit of one request, queueing included (None: no limit).
+    request_timeout: Optional[float] = None
+    # A stream whose client has read nothing for this long while output waits
+    # (or that has more than `max_unread` events unread) is cancelled.
+    stall_seconds: float = 30.0
+    max_unread: int = 4096
+
+
+# Context window of models whose config names none (max_position_embeddings).
+DEFAULT_MAX_CONTEXT = 32768
+
+
+class ShuttingDown(Exception):
+    """`submit` after `close`: the server no longer takes requests."""
 
 
 @dataclass
@@ -58,6 +74,7 @@ class Event:
     token: Optional[int] = None
     finish_reason: Optional[str] = None  # "stop" | "length" | "cancelled" | "error"
     error: Optional[str] = None
+    status: int = 500  # of an error: 503 shutting down, 504 timed out
     usage: Optional[dict] = None
     # Tokens decoded since the last event (EOS excluded), when the job asked.
     logprobs: List[TokenLogprob] = field(default_factory=list)
@@ -74,17 +91,46 @@ class Job:
     seed: Optional[int] = None
     logprobs: Optional[int] = None  # None, or how many top entries per token
     engine: str = ""
+    cache_key: Optional[str] = None  # prompt-cache namespace (the client's API key)
+    deadline: Optional[float] = None  # time.monotonic() limit
     cancelled: threading.Event = field(default_factory=threading.Event)
+    reason: str = ""  # why it was cancelled: client | stalled | timeout | shutdown
     finished: threading.Event = field(default_factory=threading.Event)
     watcher: Optional[asyncio.Task] = None  # see common._watch
     events: Optional[asyncio.Queue] = None
     loop: Optional[asyncio.AbstractEventLoop] = None
+    # Events emitted (generation thread) and taken (event loop): each counter
+    # has one writer, so their difference is the unread backlog.
+    emitted: int = 0
+    taken: int = 0
+    last_take: float = field(default_factory=time.monotonic)
 
     def emit(self, event: Event):
+        self.emitted += 1
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
-    def cancel(self):
-        self.cancelled.set()
+    async def next_event(self) -> Event:
+        ev = await self.events.get()
+        self.taken += 1
+        self.last_take = time.monotonic()
+        return ev
+
+    def cancel(self, reason: str = "client"):
+        if not self.cancelled.is_set():
+            self.reason = reason
+            self.cancelled.set()
+
+    def should_stop(self, stall_seconds: float, max_unread: int) -> bool:
+        """Cancelled, past its deadline, or its reader has stalled."""
+        if self.cancelled.is_set():
+            return True
+        now = time.monotonic()
+        if self.deadline is not None and now > self.deadline:
+            self.cancel("timeout")
+        unread = self.emitted - self.taken
+        if unread > max_unread or (unread and now - self.last_take > stall_seconds):
+            self.cancel("stalled")
+        return self.cancelled.is_set()
 
 
 class Engine:
@@ -99,7 +145,13 @@ class Engine:
         self._queue: "queue.Queue[Optional[Job]]" = queue.Queue()
         self._ready = threading.Event()
         self._load_error: Optional[BaseException] = None
+        self._lock = threading.Lock()  # orders submit() against close()
+        self._current: Optional[Job] = None
         self.alive = False
+        self.closing = False
+        # Templating and tokenisation of requests: off the event loop, one at a
+        # time (a fast tokenizer must not be used by two threads at once).
+        self.text_pool = ThreadPoolExecutor(1, thread_name_prefix="mlx-dflash-text")
         self.prompt_cache = (
             PromptCache(config.prompt_cache_bytes)
             if config.prompt_cache_bytes > 0
@@ -118,9 +170,36 @@ class Engine:
             raise self._load_error
         return self
 
-    def stop(self):
-        self._queue.put(None)
-        self._thread.join(timeout=30)
+    def close(self):
+        """Refuse new jobs, end queued ones and cancel the running one.
+
+        Safe from a signal handler: it only sets flags and queues events.
+        """
+        with self._lock:
+            if self.closing:
+                return
+            self.closing = True
+            while True:
+                try:
+                    job = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None:
+                    self._refuse(job)
+                    job.finished.set()
+            self._queue.put(None)
+        job = self._current
+        if job is not None:
+            job.cancel("shutdown")
+
+    def stop(self, timeout: float = 10.0):
+        self.close()
+        self._thread.join(timeout=timeout)
+        self.text_pool.shutdown(wait=False, cancel_futures=True)
+
+    def _refuse(self, job: Job):
+        self.metrics.generations.labels(job.engine, "cancelled").inc()
+        job.emit(_stopped(job.reason or "shutdown", self.config))
 
     def _run(self):
         try:
@@ -129,7 +208,12 @@ class Engine:
             )
             if self.config.max_context is None:
                 args = getattr(self.target.lm, "args", None)
-                self.config.max_context = getattr(args, "max_position_embeddings", None)
+                text = getattr(args, "text_config", None) or {}
+                self.config.max_context = (
+                    getattr(args, "max_position_embeddings", None)
+                    or text.get("max_position_embeddings")
+                    or DEFAULT_MAX_CONTEXT
+                )
             self.memory = memory_model(self.target, self.drafter)
             self.device = (device_info(), backend())
             self.alive = True
@@ -142,9 +226,11 @@ class Engine:
             if job is None:
                 break
             self.metrics.queue_depth.set(self._queue.qsize())
-            if job.cancelled.is_set():  # its client left while it waited
-                self.metrics.generations.labels(job.engine, "cancelled").inc()
-                job.emit(Event(finish_reason="cancelled"))
+            self._current = job
+            if self.closing:
+                job.cancel("shutdown")
+            if self._should_stop(job):  # cancelled or expired while it waited
+                self._refuse(job)
             else:
                 try:
                     self._generate(job)
@@ -153,6 +239,7 @@ class Engine:
                     job.emit(
                         Event(finish_reason="error", error=f"{type(e).__name__}: {e}")
                     )
+            self._current = None
             job.finished.set()
             del job
             if self._queue.empty():
@@ -204,20 +291,29 @@ class Engine:
         check_memory(estimate, available)
 
     def submit(self, job: Job) -> Job:
+        """Queue `job`; raises `ShuttingDown` once `close` has been called."""
         job.loop = asyncio.get_running_loop()
         job.events = asyncio.Queue()
         job.engine = job.engine or self.engine_name(job.temperature)
-        self._queue.put(job)
+        if self.config.request_timeout is not None:
+            job.deadline = time.monotonic() + self.config.request_timeout
+        with self._lock:
+            if self.closing or not self.alive:
+                raise ShuttingDown("the server is shutting down")
+            self._queue.put(job)
         self.metrics.queue_depth.set(self._queue.qsize())
         return job
 
+    def _should_stop(self, job: Job) -> bool:
+        return job.should_stop(self.config.stall_seconds, self.config.max_unread)
+
     # ---- the generation thread -------------------------------------------------
 
-    def _restore(self, prompt: Sequence[int]):
+    def _restore(self, prompt: Sequence[int], key: Optional[str]):
         """A cache (and drafter state) holding the longest reusable prefix of `prompt`."""
         entry, n, trim = (None, 0, 0)
         if self.prompt_cache is not None:
-            entry, n, trim = self.prompt_cache.fetch(prompt)
+            entry, n, trim = self.prompt_cache.fetch(prompt, key)
         if entry is None:
             self.metrics.cache_misses.inc()
             return self.target.make_cache(), 0
@@ -229,87 +325,106 @@ class Engine:
         self.metrics.cache_hits.inc()
         return entry.cache, n
 
+    def _keep(self, job: Job, tokens: Sequence[int], cache, *, copy_state=False):
+        """Store `cache` + the drafter's state (both holding `tokens`) for reuse."""
+        if self.prompt_cache is None or not tokens:
+            return
+        if copy_state:
+            cache = copy.deepcopy(cache)
+        state = save_drafter(self.drafter, copy_state=copy_state)
+        self.prompt_cache.insert(tokens, cache, state, job.cache_key)
+
     def _generate(self, job: Job):
         target, tok = self.target, self.tokenizer
         prompt = list(job.prompt)
         eos = set(tok.eos_token_ids)
-        cache, cached = self._restore(prompt)
+        cache, cached = self._restore(prompt, job.cache_key)
         trimmable = all(c.is_trimmable() for c in cache)
+        should_stop = lambda: self._should_stop(job)  # noqa: E731
         tic = time.perf_counter()
         run_from = cached
-        if self.prompt_cache is not None and not trimmable and cached < len(prompt) - 1:
-            # An untrimmable (GatedDeltaNet) cache can't be cut back later, so
-            # keep a snapshot of prompt[:-1]: it serves retries of this prompt
-            # and follow-ups whose history differs from our raw output.
-            prefill(
+        try:
+            if (
+                self.prompt_cache is not None
+                and not trimmable
+                and cached < len(prompt) - 1
+            ):
+                # An untrimmable (GatedDeltaNet) cache can't be cut back later, so
+                # keep a snapshot of prompt[:-1]: it serves retries of this prompt
+                # and follow-ups whose history differs from our raw output.
+                prefill(
+                    target,
+                    cache,
+                    self.drafter,
+                    prompt[:-1],
+                    cached=cached,
+                    step_size=self.config.prefill_step_size,
+                    should_stop=should_stop,
+                )
+                run_from = len(prompt) - 1
+                self._keep(job, prompt[:-1], cache, copy_state=True)
+            speculative = job.engine.startswith("speculative")
+            stats = SpecStats(self.block_size if speculative else 1)
+            sampling = None
+            if job.temperature > 0:
+                sampling = SamplingParams(
+                    temperature=job.temperature,
+                    top_p=job.top_p,
+                    top_k=job.top_k,
+                    min_p=job.min_p,
+                    seed=job.seed,
+                )
+            steps = generate_step(
                 target,
-                cache,
+                prompt,
                 self.drafter,
-                prompt[:-1],
-                cached=cached,
-                step_size=self.config.prefill_step_size,
+                cache=cache,
+                max_tokens=job.max_tokens,
+                block_size=stats.block_size,
+                stop_tokens=eos,
+                prefill_step_size=self.config.prefill_step_size,
+                cached=run_from,
+                sampling=sampling,
+                logprobs=job.logprobs,
+                fallback=self.config.fallback,
+                stats=stats,
+                should_stop=should_stop,
             )
-            run_from = len(prompt) - 1
-            self.prompt_cache.insert(
-                prompt[:-1],
-                copy.deepcopy(cache),
-                save_drafter(self.drafter, copy_state=True),
-            )
-        speculative = job.engine.startswith("speculative")
-        stats = SpecStats(self.block_size if speculative else 1)
-        sampling = None
-        if job.temperature > 0:
-            sampling = SamplingParams(
-                temperature=job.temperature,
-                top_p=job.top_p,
-                top_k=job.top_k,
-                min_p=job.min_p,
-                seed=job.seed,
-            )
-        steps = generate_step(
-            target,
-            prompt,
-            self.drafter,
-            cache=cache,
-            max_tokens=job.max_tokens,
-            block_size=stats.block_size,
-            stop_tokens=eos,
-            prefill_step_size=self.config.prefill_step_size,
-            cached=run_from,
-            sampling=sampling,
-            logprobs=job.logprobs,
-            fallback=self.config.fallback,
-            stats=stats,
-        )
 
-        detok = tok.detokenizer
-        out: List[int] = []
-        pending: List[TokenLogprob] = []
-        cancelled = False
-        prefill_s = 0.0
-        for step in steps:
-            token = step[0]
-            if not out:
-                prefill_s = time.perf_counter() - tic
-                tic = time.perf_counter()
-            out.append(token)
-            if token not in eos:
-                if job.logprobs is not None:
-                    pending.append((token, *step[2]))
-                detok.add_token(token)
-                piece = detok.last_segment  # reading it consumes it
-                if piece:
-                    job.emit(Event(text=piece, token=token, logprobs=pending))
-                    pending = []
-            if job.cancelled.is_set():
-                cancelled = True
-                break
+            detok = tok.detokenizer
+            out: List[int] = []
+            pending: List[TokenLogprob] = []
+            cancelled = False
+            prefill_s = 0.0
+            for step in steps:
+                token = step[0]
+                if not out:
+                    prefill_s = time.perf_counter() - tic
+                    tic = time.perf_counter()
+                out.append(token)
+                if token not in eos:
+                    if job.logprobs is not None:
+                        pending.append((token, *step[2]))
+                    detok.add_token(token)
+                    piece = detok.last_segment  # reading it consumes it
+                    if piece:
+                        job.emit(Event(text=piece, token=token, logprobs=pending))
+                        pending = []
+                if should_stop():
+                    cancelled = True
+                    break
+        except Cancelled as e:
+            # Stopped mid-prefill: the chunks already run are a valid prefix
+            # (a retry of an abandoned request starts from there).
+            self._keep(job, prompt[: e.filled], cache)
+            self._refuse(job)
+            return
         gen_s = max(time.perf_counter() - tic, 1e-9)
         detok.finalize()
 
         if cancelled:
             finish = "cancelled"
-            if self.prompt_cache is not None and trimmable and cache:
+            if trimmable and cache:
                 # Keep the prefix: an agent's next turn after a cancel (Esc in
                 # Claude Code) shares it. The cache may hold a few tokens past
                 # `out` (the rest of the verify cycle); trim them off.
@@ -318,20 +433,11 @@ class Engine:
                 if extra:
                     trim_prompt_cache(cache, extra)
                     self.drafter.trim(extra)
-                self.prompt_cache.insert(
-                    prompt + out[:-1],
-                    cache,
-                    save_drafter(self.drafter, copy_state=False),
-                )
+                self._keep(job, prompt + out[:-1], cache)
         else:
             finish = "stop" if out and out[-1] in eos else "length"
-            if self.prompt_cache is not None:
-                # The cache and drafter now hold exactly prompt + out[:-1].
-                self.prompt_cache.insert(
-                    prompt + out[:-1],
-                    cache,
-                    save_drafter(self.drafter, copy_state=False),
-                )
+            # The cache and drafter now hold exactly prompt + out[:-1].
+            self._keep(job, prompt + out[:-1], cache)
         usage = {
             "prompt_tokens": len(prompt),
             "cached_tokens": cached,
@@ -345,6 +451,12 @@ class Engine:
             "spec": stats.as_dict() if stats.block_size > 1 else None,
         }
         self._record(job, finish, usage, stats, prefill_s)
+        if cancelled:
+            event = _stopped(job.reason, self.config, usage=usage)
+            event.text = detok.last_segment
+            event.logprobs = pending
+            job.emit(event)
+            return
         job.emit(
             Event(
                 text=detok.last_segment,
@@ -370,3 +482,23 @@ class Engine:
             m.acceptance.set(stats.acceptance_rate)
         if self.prompt_cache is not None:
             m.cache_bytes.set(self.prompt_cache.nbytes)
+
+
+def _stopped(reason: str, config: EngineConfig, usage=None) -> Event:
+    """The last event of a job that was stopped before it finished."""
+    if reason == "shutdown":
+        return Event(
+            finish_reason="error",
+            error="the server is shutting down",
+            status=503,
+            usage=usage,
+        )
+    if reason == "timeout":
+        return Event(
+            finish_reason="error",
+            error=f"the request took longer than the server's --request-timeout "
+            f"({config.request_timeout:g} s)",
+            status=504,
+            usage=usage,
+        )
+    return Event(finish_reason="cancelled", usage=usage)

@@ -13,12 +13,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from .common import (
     APIError,
     Finish,
-    check_length,
     check_model,
     encode_chat,
     engine_headers,
     engine_info,
+    fit_max_tokens,
+    off_loop,
     run_job,
+    submit,
 )
 from .engine import Engine, Job
 
@@ -179,8 +181,11 @@ def _sse(obj) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-def _error_body(message: str, type_: str = "server_error") -> dict:
-    return {"error": {"message": message, "type": type_, "param": None, "code": None}}
+def _error_body(message: str, status: int = 500) -> dict:
+    code = {503: "server_shutting_down", 504: "timeout"}.get(status)
+    return {
+        "error": {"message": message, "type": "server_error", "param": None, "code": code}
+    }
 
 
 def _tool_call(call: dict, index: Optional[int] = None) -> dict:
@@ -200,9 +205,10 @@ def _tool_call(call: dict, index: Optional[int] = None) -> dict:
 def make_router(engine: Engine) -> APIRouter:
     router = APIRouter()
 
-    def _job(req, prompt, max_tokens, logprobs) -> Job:
+    def _job(req, prompt, max_tokens, logprobs, request) -> Job:
         temp = engine.temperature(req.temperature, DEFAULT_TEMPERATURE)
-        return engine.submit(
+        return submit(
+            engine,
             Job(
                 prompt=prompt,
                 max_tokens=max_tokens,
@@ -213,7 +219,8 @@ def make_router(engine: Engine) -> APIRouter:
                 seed=req.seed,
                 logprobs=logprobs,
                 engine=engine.engine_name(temp),
-            )
+            ),
+            request,
         )
 
     @router.post("/v1/chat/completions")
@@ -221,18 +228,23 @@ def make_router(engine: Engine) -> APIRouter:
         check_model(engine, req.model)
         _unsupported(req)
         tools = req.tools if req.tool_choice != "none" else None
-        prompt = encode_chat(
-            engine, chat_messages(req.messages), tools, req.chat_template_kwargs
+        prompt = await off_loop(
+            engine,
+            lambda: encode_chat(
+                engine, chat_messages(req.messages), tools, req.chat_template_kwargs
+            ),
         )
-        max_tokens = (
+        max_tokens, fit = fit_max_tokens(
+            engine,
+            prompt,
             req.max_completion_tokens
             or req.max_tokens
-            or engine.config.default_max_tokens
+            or engine.config.default_max_tokens,
         )
-        check_length(engine, prompt, max_tokens)
         stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        job = _job(req, prompt, max_tokens, logprobs)
+        job = _job(req, prompt, max_tokens, logprobs, request)
+        headers = {**engine_headers(engine, job), **fit}
         engine.metrics.requests.labels("openai-chat", "accepted").inc()
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         head = {"id": rid, "created": created, "model": req.model}
@@ -250,7 +262,7 @@ def make_router(engine: Engine) -> APIRouter:
             return StreamingResponse(
                 _chat_stream(engine, parts, head, usage_chunk, lp),
                 media_type="text/event-stream",
-                headers=engine_headers(engine, job),
+                headers=headers,
             )
         text, reasoning, calls, tokens = [], [], [], []
         async for p in parts:
@@ -264,7 +276,9 @@ def make_router(engine: Engine) -> APIRouter:
             else:
                 calls.append(_tool_call(p.call))
         if fin.reason == "error":
-            return JSONResponse(_error_body(fin.error), status_code=500)
+            return JSONResponse(
+                _error_body(fin.error, fin.status), status_code=fin.status
+            )
         message = {
             "role": "assistant",
             "content": "".join(text) or (None if calls else ""),
@@ -287,7 +301,7 @@ def make_router(engine: Engine) -> APIRouter:
             "usage": _usage(fin.usage),
             "mlx_dflash": engine_info(engine, fin.usage),
         }
-        return JSONResponse(body, headers=engine_headers(engine, job))
+        return JSONResponse(body, headers=headers)
 
     @router.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
@@ -304,15 +318,17 @@ def make_router(engine: Engine) -> APIRouter:
                 )
             req.prompt = req.prompt[0]
         if isinstance(req.prompt, str):
-            prompt = list(engine.tokenizer.encode(req.prompt))
+            text = req.prompt
+            prompt = await off_loop(engine, lambda: list(engine.tokenizer.encode(text)))
         else:
             vocab = len(engine.tokenizer)
             if any(not 0 <= t < vocab for t in req.prompt):
                 raise APIError(400, "prompt token ids out of range", param="prompt")
             prompt = list(req.prompt)
-        check_length(engine, prompt, req.max_tokens)
+        max_tokens, fit = fit_max_tokens(engine, prompt, req.max_tokens)
         stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
-        job = _job(req, prompt, req.max_tokens, req.logprobs)
+        job = _job(req, prompt, max_tokens, req.logprobs, request)
+        headers = {**engine_headers(engine, job), **fit}
         engine.metrics.requests.labels("openai-completions", "accepted").inc()
         head = {
             "id": f"cmpl-{uuid.uuid4().hex}",
@@ -327,7 +343,7 @@ def make_router(engine: Engine) -> APIRouter:
             return StreamingResponse(
                 _completion_stream(engine, parts, head, usage_chunk, lp),
                 media_type="text/event-stream",
-                headers=engine_headers(engine, job),
+                headers=headers,
             )
         text, tokens = [], []
         async for p in parts:
@@ -337,7 +353,9 @@ def make_router(engine: Engine) -> APIRouter:
             else:
                 text.append(p.text)
         if fin.reason == "error":
-            return JSONResponse(_error_body(fin.error), status_code=500)
+            return JSONResponse(
+                _error_body(fin.error, fin.status), status_code=fin.status
+            )
         body = {
             **head,
             "choices": [
@@ -351,7 +369,7 @@ def make_router(engine: Engine) -> APIRouter:
             "usage": _usage(fin.usage),
             "mlx_dflash": engine_info(engine, fin.usage),
         }
-        return JSONResponse(body, headers=engine_headers(engine, job))
+        return JSONResponse(body, headers=headers)
 
     return router
 
@@ -380,7 +398,7 @@ async def _chat_stream(engine, parts, head, usage_chunk, lp):
     async for p in parts:
         if isinstance(p, Finish):
             if p.reason == "error":
-                yield _sse(_error_body(p.error))
+                yield _sse(_error_body(p.error, p.status))
                 break
             info = engine_info(engine, p.usage)
             yield chunk({}, _finish_reason(p), p.logprobs, mlx_dflash=info)
@@ -410,7 +428,7 @@ async def _completion_stream(engine, parts, head, usage_chunk, lp):
     async for p in parts:
         if isinstance(p, Finish):
             if p.reason == "error":
-                yield _sse(_error_body(p.error))
+                yield _sse(_error_body(p.error, p.status))
                 break
             info = engine_info(engine, p.usage)
             yield chunk("", _finish_reason(p), p.logprobs, mlx_dflash=info)

@@ -5,7 +5,9 @@ holding exactly `tokens`. Attention-only caches can be trimmed back to any
 shorter prefix; a GatedDeltaNet layer (`ArraysCache`) cannot, so such an entry
 only serves prompts that start with all of its tokens. That is why the engine
 also stores a snapshot at the end of each prompt for those models. Entries are
-evicted least recently used first to stay within a byte budget.
+evicted least recently used first to stay within a byte budget. Each entry
+belongs to one key (the client's API key): a client reuses, and its
+`cached_tokens` reveal, only prompts sent with the same key.
 """
 
 import copy
@@ -63,6 +65,7 @@ class Entry:
     drafter_state: dict
     nbytes: int
     trimmable: bool
+    key: Optional[str] = None
 
 
 class PromptCache:
@@ -80,7 +83,9 @@ class PromptCache:
     def __len__(self):
         return len(self._entries)
 
-    def fetch(self, prompt: Sequence[int]) -> Tuple[Optional[Entry], int, int]:
+    def fetch(
+        self, prompt: Sequence[int], key: Optional[str] = None
+    ) -> Tuple[Optional[Entry], int, int]:
         """The entry that covers the longest prefix of `prompt`, for the caller to own.
 
         Returns `(entry, reuse, trim)`: the caller must trim `trim` tokens off
@@ -90,14 +95,17 @@ class PromptCache:
         back, as in an agent's next turn. One that would lose more than a
         tenth is copied, so a conversation that shares only a prefix with it
         (a template header, a system prompt) doesn't destroy it.
-        `(None, 0, 0)` when nothing helps.
+        `(None, 0, 0)` when nothing helps. Only entries stored under `key`
+        are considered.
         """
         best, best_n = None, 0
-        for key, e in self._entries.items():
+        for i, e in self._entries.items():
+            if e.key != key:
+                continue
             c = min(_common_prefix(e.tokens, prompt), len(prompt) - 1)
             n = c if e.trimmable else (len(e.tokens) if len(e.tokens) <= c else 0)
             if n > best_n:
-                best, best_n = key, n
+                best, best_n = i, n
         if best is None:
             return None, 0, 0
         entry = self._entries[best]
@@ -109,19 +117,26 @@ class PromptCache:
             del self._entries[best]
         return entry, best_n, trim
 
-    def insert(self, tokens: Sequence[int], cache: List[Any], drafter_state: dict):
+    def insert(
+        self,
+        tokens: Sequence[int],
+        cache: List[Any],
+        drafter_state: dict,
+        key: Optional[str] = None,
+    ):
         """Store an entry (owned by the store from now on) and evict to the budget."""
         trimmable = all(c.is_trimmable() for c in cache)
         nbytes = _nbytes(cache) + _nbytes(drafter_state)
         tokens = tuple(tokens)
-        for key in [k for k, e in self._entries.items() if e.tokens == tokens]:
-            del self._entries[key]
+        same = [i for i, e in self._entries.items() if e.tokens == tokens and e.key == key]
+        for i in same:
+            del self._entries[i]
         if nbytes > self.max_bytes or not tokens:
             return
         while self._entries and self.nbytes + nbytes > self.max_bytes:
             self._entries.popitem(last=False)
         self._entries[self._next] = Entry(
-            tokens, cache, drafter_state, nbytes, trimmable
+            tokens, cache, drafter_state, nbytes, trimmable, key
         )
         self._next += 1
 
