@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException
 from . import anthropic_api, openai_api
 from .common import APIError
 from .engine import Engine
+from .tools import tool_format
 
 _ANTHROPIC_TYPES = {
     400: "invalid_request_error",
@@ -129,6 +130,7 @@ def create_app(engine: Engine, *, api_key: Optional[str] = None) -> FastAPI:
                 "greedy_engine": engine.engine_name(0.0),
                 "sampling_engine": engine.engine_name(1.0),
                 "max_context": engine.config.max_context,
+                "tool_format": tool_format(engine.tokenizer),
             },
         }
         return {
