@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException
 from . import anthropic_api, openai_api
 from .common import ANTHROPIC_ERROR_TYPES, APIError
 from .engine import Engine
+from .tools import tool_format
 
 # Default cap on a request body: far above any agent's request (Claude Code's
 # first turn is ~0.2 MB), far below what would exhaust memory.
@@ -203,6 +204,7 @@ def create_app(
                 "greedy_engine": engine.engine_name(0.0),
                 "sampling_engine": engine.engine_name(1.0),
                 "max_context": engine.config.max_context,
+                "tool_format": tool_format(engine.tokenizer),
             },
         }
         return {

@@ -9,6 +9,7 @@ from starlette.requests import Request
 from .engine import Engine, Job, ShuttingDown, TokenLogprob
 from .output import REASONING, parse_tool_calls, parser_for
 from .prompt_cache import normalize_text
+from .tools import generic_messages, tool_format
 
 
 # Anthropic's error `type` for each HTTP status (OpenAI's is in the body's `type`).
@@ -71,6 +72,9 @@ def encode_chat(
     for m in messages:
         if isinstance(m.get("content"), str):
             m["content"] = normalize_text(m["content"])
+    if tool_format(engine.tokenizer) == "generic":
+        # The template would drop the tools (and past calls): render them as text.
+        messages, tools = generic_messages(messages, tools), None
     args = {**engine.config.chat_template_args, **(template_args or {})}
     try:
         prompt = engine.tokenizer.apply_chat_template(

@@ -9,6 +9,8 @@ import json
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
+from .tools import tool_markers, tool_parser
+
 NORMAL, REASONING, TOOL = "normal", "reasoning", "tool"
 
 
@@ -119,9 +121,7 @@ def parser_for(
         start = tokenizer.rfind_think_start(prompt, start=len(prompt) - 12)
         if start >= 0 and tokenizer.rfind_think_end(prompt, start=start) < 0:
             state = REASONING
-    tool = None
-    if tools and tokenizer.has_tool_calling:
-        tool = (tokenizer.tool_call_start, tokenizer.tool_call_end)
+    tool = tool_markers(tokenizer) if tools else None
     return OutputParser(
         think=think, tool=tool, stop=[s for s in stop if s], state=state
     )
@@ -130,13 +130,16 @@ def parser_for(
 def parse_tool_calls(tokenizer, texts: Sequence[str], tools) -> List[dict]:
     """Tool-call texts -> [{"name", "arguments": dict}] with the tokenizer's parser.
 
-    A call the parser rejects (e.g. cut off by max_tokens) is dropped, as
-    mlx_lm's server does; the caller sees fewer calls, never invented ones.
+    The parser is mlx_lm's, or the generic format's JSON parse (server/tools.py)
+    when the template ignores tools. A call the parser rejects (e.g. cut off by
+    max_tokens) is dropped, as mlx_lm's server does; the caller sees fewer
+    calls, never invented ones. Names are not checked against `tools`.
     """
+    parse = tool_parser(tokenizer)
     calls = []
     for text in texts:
         try:
-            parsed = tokenizer.tool_parser(text, tools)
+            parsed = parse(text, tools)
         except Exception:  # noqa: BLE001 - parsers raise many kinds on bad text
             continue
         for call in parsed if isinstance(parsed, list) else [parsed]:
