@@ -143,6 +143,33 @@ def test_stalled_reader_is_cancelled():
         slow.close()
 
 
+@pytest.mark.parametrize("stream", [True, False])
+def test_slow_prefill_or_queueing_is_not_a_stall(slow, stream):
+    # ~2.5 s of prefill, and a second request queued behind the first, with
+    # the stall bound at 1 s: both answered in full.
+    results = []
+
+    def ask():
+        body = _chat("p" * 1000, 8, stream=stream)
+        with httpx.stream(
+            "POST", slow.url + "/v1/chat/completions", json=body, timeout=60
+        ) as r:
+            results.append((r.status_code, "".join(r.iter_text())))
+
+    threads = [threading.Thread(target=ask) for _ in range(2)]
+    for t in threads:
+        t.start()
+        time.sleep(0.3)
+    for t in threads:
+        t.join()
+    for status, text in results:
+        assert status == 200
+        if stream:
+            assert '"finish_reason":"length"' in text.replace(" ", "")
+        else:
+            assert json.loads(text)["usage"]["completion_tokens"] == 8
+
+
 def test_stall_check_counts_unread_events():
     # The mechanism alone, without sockets: an unread backlog past the bound.
     engine = Engine(slow_provider(delay=0.0), EngineConfig(max_unread=8)).start()

@@ -99,20 +99,22 @@ class Job:
     watcher: Optional[asyncio.Task] = None  # see common._watch
     events: Optional[asyncio.Queue] = None
     loop: Optional[asyncio.AbstractEventLoop] = None
-    # Events emitted (generation thread) and taken (event loop): each counter
-    # has one writer, so their difference is the unread backlog.
-    emitted: int = 0
+    # When each event was emitted (generation thread) and how many the event
+    # loop has taken: each has one writer, so `taken` indexes the oldest unread.
+    emit_times: List[float] = field(default_factory=list)
     taken: int = 0
-    last_take: float = field(default_factory=time.monotonic)
+
+    @property
+    def emitted(self) -> int:
+        return len(self.emit_times)
 
     def emit(self, event: Event):
-        self.emitted += 1
+        self.emit_times.append(time.monotonic())
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
     async def next_event(self) -> Event:
         ev = await self.events.get()
         self.taken += 1
-        self.last_take = time.monotonic()
         return ev
 
     def cancel(self, reason: str = "client"):
@@ -127,8 +129,11 @@ class Job:
         now = time.monotonic()
         if self.deadline is not None and now > self.deadline:
             self.cancel("timeout")
-        unread = self.emitted - self.taken
-        if unread > max_unread or (unread and now - self.last_take > stall_seconds):
+        taken = self.taken
+        unread = self.emitted - taken
+        if unread > max_unread or (
+            unread and now - self.emit_times[taken] > stall_seconds
+        ):
             self.cancel("stalled")
         return self.cancelled.is_set()
 
