@@ -1,6 +1,7 @@
 """The FastAPI app: routes, API-key check, and errors in each API's own format."""
 
 import hmac
+import logging
 import time
 from typing import Optional
 
@@ -13,6 +14,8 @@ from starlette.exceptions import HTTPException
 from . import anthropic_api, openai_api
 from .common import APIError
 from .engine import Engine
+
+log = logging.getLogger(__name__)
 
 _ANTHROPIC_TYPES = {
     400: "invalid_request_error",
@@ -53,7 +56,9 @@ def _validation_message(exc: RequestValidationError):
     if e.get("type") == "extra_forbidden":
         return f"Unrecognized request argument supplied: {'.'.join(loc)}", loc[0]
     where = ".".join(loc) or "body"
-    return f"{where}: {e.get('msg')}", (loc[0] if loc else None)
+    # A validator's ValueError reads as itself, without pydantic's "Value error, ".
+    msg = str(e["ctx"]["error"]) if e.get("type") == "value_error" else e.get("msg")
+    return f"{where}: {msg}", (loc[0] if loc else None)
 
 
 def create_app(engine: Engine, *, api_key: Optional[str] = None) -> FastAPI:
@@ -68,6 +73,18 @@ def create_app(engine: Engine, *, api_key: Optional[str] = None) -> FastAPI:
     app.include_router(openai_api.make_router(engine))
     app.include_router(anthropic_api.make_router(engine))
     started = int(time.time())
+
+    @app.middleware("http")
+    async def last_resort(request: Request, call_next):
+        # A bug, not a bad request: log the traceback once and answer JSON in the
+        # API's own format (an exception handler for Exception would re-raise it
+        # to uvicorn, which logs it again and drops the connection).
+        try:
+            return await call_next(request)
+        except Exception as e:
+            log.exception("unhandled error on %s", request.url.path)
+            engine.metrics.requests.labels(request.url.path, "500").inc()
+            return error_response(request, 500, f"internal error ({type(e).__name__})")
 
     @app.middleware("http")
     async def check_key(request: Request, call_next):
