@@ -2,11 +2,11 @@
 
 import json
 import uuid
-from typing import Any, Dict, List, Optional, Union
+from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BeforeValidator, Discriminator, Field, Tag
 
 from .common import (
     APIError,
@@ -22,6 +22,7 @@ from .common import (
     submit,
 )
 from .engine import Engine, Job
+from .schema import Body, Lenient
 
 # The Messages API documents temperature 1 for requests that name none; the
 # server's --default-temperature overrides it (0: greedy, the fastest exact path).
@@ -35,15 +36,79 @@ _STOP_REASON = {
 }
 
 
-class _Conversation(BaseModel):
-    # The Messages API rejects unknown fields; the optional ones Claude Code
-    # sends are listed so they are accepted (they don't change local decoding).
-    model_config = ConfigDict(extra="forbid")
+def _as_blocks(content):
+    return [{"type": "text", "text": content}] if isinstance(content, str) else content
 
+
+class TextBlock(Lenient):
+    type: Literal["text"]
+    text: str
+
+
+class ToolUseBlock(Lenient):
+    type: Literal["tool_use"]
+    id: Optional[str] = None
+    name: str
+    input: Dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolResultBlock(Lenient):
+    type: Literal["tool_result"]
+    tool_use_id: Optional[str] = None
+    # A string is one text block.
+    content: Annotated[Optional[List["Block"]], BeforeValidator(_as_blocks)] = None
+    is_error: Optional[bool] = None
+
+
+class OtherBlock(Lenient):
+    type: str  # thinking, image, ...: chat_messages decides by kind
+
+
+def _block_kind(block) -> Optional[str]:
+    kind = (
+        block.get("type") if isinstance(block, dict) else getattr(block, "type", None)
+    )
+    if not isinstance(kind, str):
+        return None
+    return kind if kind in ("text", "tool_use", "tool_result") else "other"
+
+
+Block = Annotated[
+    Union[
+        Annotated[TextBlock, Tag("text")],
+        Annotated[ToolUseBlock, Tag("tool_use")],
+        Annotated[ToolResultBlock, Tag("tool_result")],
+        Annotated[OtherBlock, Tag("other")],
+    ],
+    Discriminator(
+        _block_kind,
+        custom_error_type="invalid_block",
+        custom_error_message="must be a content block: an object with a string type",
+    ),
+]
+Blocks = Annotated[List[Block], BeforeValidator(_as_blocks)]
+ToolResultBlock.model_rebuild()
+
+
+class InputMessage(Lenient):
+    role: Literal["user", "assistant"]
+    content: Blocks  # a string is one text block
+
+
+class ToolDef(Lenient):
+    name: str
+    type: Optional[str] = None
+    description: Optional[str] = None
+    input_schema: Optional[Dict[str, Any]] = None
+
+
+class _Conversation(Body):
+    # Unknown fields are ignored (schema.Lenient); those Claude Code sends are
+    # listed for the record (they don't change local decoding).
     model: str
-    messages: List[Dict[str, Any]] = Field(min_length=1)
-    system: Union[str, List[Dict[str, Any]], None] = None
-    tools: Optional[List[Dict[str, Any]]] = None
+    messages: List[InputMessage] = Field(min_length=1)
+    system: Optional[Blocks] = None
+    tools: Optional[List[ToolDef]] = None
     tool_choice: Optional[Dict[str, Any]] = None
     thinking: Optional[Dict[str, Any]] = None
     context_management: Optional[Dict[str, Any]] = None
@@ -67,68 +132,62 @@ class CountTokensRequest(_Conversation):
     pass
 
 
-def _block_text(content) -> str:
-    if isinstance(content, str):
-        return content
+def _block_text(blocks: Optional[List[Block]], where: str) -> str:
     out = []
-    for b in content or []:
-        if b.get("type") == "text":
-            out.append(b.get("text", ""))
-        elif b.get("type") in ("image", "document"):
-            raise APIError(400, f"{b['type']} content is not supported by this server")
+    for j, b in enumerate(blocks or []):
+        if b.type == "text":
+            out.append(b.text)
+        elif b.type in ("image", "document"):
+            raise APIError(
+                400,
+                f"{where}.{j}: {b.type} content is not supported by this server",
+                param=where.split(".")[0],
+            )
     return "\n".join(out)
 
 
 def chat_messages(req: _Conversation) -> List[dict]:
     """Anthropic system + messages -> the plain dicts HF chat templates read."""
     out = []
-    if req.system:
-        out.append({"role": "system", "content": _block_text(req.system)})
+    system = _block_text(req.system, "system")
+    if system:
+        out.append({"role": "system", "content": system})
     for i, m in enumerate(req.messages):
-        role, content = m.get("role"), m.get("content")
-        if role not in ("user", "assistant"):
-            raise APIError(400, f"messages.{i}.role: must be 'user' or 'assistant'")
-        if isinstance(content, str):
-            out.append({"role": role, "content": content})
-            continue
-        if not isinstance(content, list):
-            raise APIError(400, f"messages.{i}.content: must be a string or a list")
+        role = m.role
         texts, calls = [], []
-        for b in content:
-            kind = b.get("type") if isinstance(b, dict) else None
+        for j, b in enumerate(m.content):
+            kind, where = b.type, f"messages.{i}.content.{j}"
             if kind == "text":
-                texts.append(b.get("text", ""))
+                texts.append(b.text)
             elif kind == "tool_use" and role == "assistant":
                 calls.append(
                     {
-                        "id": b.get("id"),
+                        "id": b.id,
                         "type": "function",
-                        "function": {
-                            "name": b.get("name"),
-                            "arguments": b.get("input") or {},
-                        },
+                        "function": {"name": b.name, "arguments": b.input},
                     }
                 )
             elif kind == "tool_result" and role == "user":
-                result = _block_text(b.get("content"))
-                if b.get("is_error"):
+                result = _block_text(b.content, f"{where}.content")
+                if b.is_error:
                     result = f"Error: {result}"
                 out.append(
-                    {
-                        "role": "tool",
-                        "tool_call_id": b.get("tool_use_id"),
-                        "content": result,
-                    }
+                    {"role": "tool", "tool_call_id": b.tool_use_id, "content": result}
                 )
             elif kind in ("thinking", "redacted_thinking"):
                 continue  # templates drop past reasoning; so do we
             elif kind in ("image", "document"):
                 raise APIError(
                     400,
-                    f"messages.{i}: {kind} content is not supported " "by this server",
+                    f"{where}: {kind} content is not supported by this server",
+                    param="messages",
                 )
             else:
-                raise APIError(400, f"messages.{i}: unexpected content block {kind!r}")
+                raise APIError(
+                    400,
+                    f"{where}: unexpected content block {kind!r} in a {role} message",
+                    param="messages",
+                )
         if texts or calls or role == "assistant":
             msg = {"role": role, "content": "\n".join(texts)}
             if calls:
@@ -147,20 +206,21 @@ def _tools(req: _Conversation):
             "tool_choice 'any'/'tool' cannot be enforced by this server; use 'auto'",
         )
     out = []
-    for t in req.tools:
-        if "input_schema" not in t:  # server tools (web_search, ...) run at Anthropic
+    for i, t in enumerate(req.tools):
+        if t.input_schema is None:  # server tools (web_search, ...) run at Anthropic
             raise APIError(
                 400,
-                f"tool {t.get('name')!r}: only client tools with an "
+                f"tools.{i} ({t.name!r}): only client tools with an "
                 "input_schema are supported",
+                param="tools",
             )
         out.append(
             {
                 "type": "function",
                 "function": {
-                    "name": t["name"],
-                    "description": t.get("description", ""),
-                    "parameters": t["input_schema"],
+                    "name": t.name,
+                    "description": t.description or "",
+                    "parameters": t.input_schema,
                 },
             }
         )

@@ -2,6 +2,7 @@
 
 import hashlib
 import hmac
+import logging
 import time
 from typing import Optional, Sequence, Union
 
@@ -15,6 +16,8 @@ from . import anthropic_api, openai_api
 from .common import ANTHROPIC_ERROR_TYPES, APIError
 from .engine import Engine
 from .tools import tool_format
+
+log = logging.getLogger(__name__)
 
 # Default cap on a request body: far above any agent's request (Claude Code's
 # first turn is ~0.2 MB), far below what would exhaust memory.
@@ -47,7 +50,9 @@ def _validation_message(exc: RequestValidationError):
     if e.get("type") == "extra_forbidden":
         return f"Unrecognized request argument supplied: {'.'.join(loc)}", loc[0]
     where = ".".join(loc) or "body"
-    return f"{where}: {e.get('msg')}", (loc[0] if loc else None)
+    # A validator's ValueError reads as itself, without pydantic's "Value error, ".
+    msg = str(e["ctx"]["error"]) if e.get("type") == "value_error" else e.get("msg")
+    return f"{where}: {msg}", (loc[0] if loc else None)
 
 
 class BodyLimit:
@@ -97,6 +102,39 @@ class BodyLimit:
             code="request_too_large",
         )
         await response(scope, receive, send)
+
+
+class LastResort:
+    """ASGI middleware: a bug, not a bad request, still gets the API's JSON format.
+
+    It logs the traceback once and answers 500 (an exception handler for
+    Exception would re-raise to uvicorn, which logs again and drops the
+    connection). Plain ASGI, as for `KeyCheck`.
+    """
+
+    def __init__(self, app, metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def watch(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception as e:
+            log.exception("unhandled error on %s", scope["path"])
+            if started:  # too late for a status; the connection ends
+                raise
+            self.metrics.requests.labels(scope["path"], "500").inc()
+            request = Request(scope, receive)
+            response = error_response(request, 500, f"internal error ({type(e).__name__})")
+            await response(scope, receive, send)
 
 
 class KeyCheck:
@@ -154,6 +192,7 @@ def create_app(
     app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
     started = int(time.time())
 
+    app.add_middleware(LastResort, metrics=engine.metrics)
     if keys:
         app.add_middleware(KeyCheck, keys=keys)
 

@@ -63,6 +63,36 @@ def check_model(engine: Engine, model: str, *, aliases: Sequence[str] = ()):
     )
 
 
+# What a request may pass to the chat template: scalar switches that templates
+# read. Not a template of its own, nor apply_chat_template's options (tokenize,
+# return_dict, ...); the operator's --chat-template-args is not limited.
+TEMPLATE_SWITCHES = (
+    "enable_thinking",
+    "thinking",
+    "reasoning_effort",
+    "preserve_thinking",
+)
+
+
+def check_template_args(args: Optional[dict], *, param: str) -> Optional[dict]:
+    """Refuse (400, naming the key) what is not a `TEMPLATE_SWITCHES` scalar."""
+    for k, v in (args or {}).items():
+        if k not in TEMPLATE_SWITCHES:
+            raise APIError(
+                400,
+                f"{param}.{k}: not a template switch a request may set "
+                f"(those are {', '.join(TEMPLATE_SWITCHES)})",
+                param=param,
+            )
+        if v is not None and not isinstance(v, (bool, str, int, float)):
+            raise APIError(
+                400,
+                f"{param}.{k}: must be a boolean, string, number or null",
+                param=param,
+            )
+    return args
+
+
 def encode_chat(
     engine: Engine,
     messages: List[dict],

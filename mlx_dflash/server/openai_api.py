@@ -4,16 +4,17 @@ import json
 import re
 import time
 import uuid
-from typing import Any, Dict, List, Optional, Union
+from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BeforeValidator, Field, field_validator
 
 from .common import (
     APIError,
     Finish,
     check_model,
+    check_template_args,
     encode_chat,
     engine_headers,
     engine_info,
@@ -23,25 +24,82 @@ from .common import (
     submit,
 )
 from .engine import Engine, Job
-
-
-class _Strict(BaseModel):
-    # The OpenAI API rejects unknown parameters; so do we.
-    model_config = ConfigDict(extra="forbid")
-
+from .schema import Body, Lenient, bad_string
 
 # The API documents temperature 1 for requests that name none; the server's
 # --default-temperature overrides it (0: greedy, the fastest exact path).
 DEFAULT_TEMPERATURE = 1.0
 
 
-class _Sampling(_Strict):
+def _as_parts(content):
+    return [{"type": "text", "text": content}] if isinstance(content, str) else content
+
+
+class ContentPart(Lenient):
+    type: str
+    text: Optional[str] = None
+
+
+class FunctionCall(Lenient):
+    name: str
+    arguments: Any = None  # JSON text, as the API sends it (or an object)
+
+    @field_validator("arguments")
+    @classmethod
+    def _decode(cls, v):
+        # Templates expect arguments as a mapping.
+        if v is None or v == "":
+            return {}
+        if isinstance(v, str):
+            try:
+                v = json.loads(v)
+            except ValueError:
+                raise ValueError("tool call arguments are not valid JSON")
+        if not isinstance(v, dict):
+            raise ValueError("tool call arguments must be a JSON object")
+        if bad_string(v):  # json.loads makes "\ud800" a lone surrogate
+            raise ValueError(
+                "tool call arguments hold a string that is not valid Unicode"
+            )
+        return v
+
+
+class ToolCall(Lenient):
+    id: Optional[str] = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(Lenient):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # A string is one text part.
+    content: Annotated[Optional[List[ContentPart]], BeforeValidator(_as_parts)] = None
+    tool_calls: Optional[List[ToolCall]] = None
+    tool_call_id: Optional[str] = None
+
+
+class FunctionDef(Lenient):
+    name: str
+    description: Optional[str] = None
+    parameters: Optional[Dict[str, Any]] = None
+
+
+class Tool(Lenient):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+# mx.random.key takes a uint64.
+_SEEDS = 2**64
+
+
+class _Sampling(Body):
     model: str
     temperature: Optional[float] = Field(None, ge=0, le=2)
     top_p: Optional[float] = Field(None, gt=0, le=1)
     top_k: Optional[int] = Field(None, ge=0)  # extension (vLLM, llama.cpp)
     min_p: Optional[float] = Field(None, ge=0, le=1)  # extension
-    seed: Optional[int] = None
+    seed: Optional[int] = None  # None or -1: a random seed
     stream: bool = False
     stream_options: Optional[Dict[str, Any]] = None
     stop: Union[str, List[str], None] = None
@@ -51,12 +109,21 @@ class _Sampling(_Strict):
     frequency_penalty: Optional[float] = None
     logit_bias: Optional[Dict[str, float]] = None
 
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, v):
+        if v == -1:
+            return None  # what OpenAI clients send for "random"
+        if v is not None and not 0 <= v < _SEEDS:
+            raise ValueError("must be -1 (random) or an integer in [0, 2**64)")
+        return v
+
 
 class ChatRequest(_Sampling):
-    messages: List[Dict[str, Any]] = Field(min_length=1)
+    messages: List[Message] = Field(min_length=1)
     max_tokens: Optional[int] = Field(None, ge=1)
     max_completion_tokens: Optional[int] = Field(None, ge=1)
-    tools: Optional[List[Dict[str, Any]]] = None
+    tools: Optional[List[Tool]] = None
     tool_choice: Union[str, Dict[str, Any], None] = None
     parallel_tool_calls: Optional[bool] = None
     response_format: Optional[Dict[str, Any]] = None
@@ -67,14 +134,24 @@ class ChatRequest(_Sampling):
     metadata: Optional[Dict[str, Any]] = None
     store: Optional[bool] = None
 
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _switches(cls, v):
+        return check_template_args(v, param="chat_template_kwargs")
+
 
 class CompletionRequest(_Sampling):
     prompt: Union[str, List[int], List[str]]
-    max_tokens: Optional[int] = Field(16, ge=1)
+    max_tokens: int = Field(16, ge=1)
     logprobs: Optional[int] = Field(None, ge=0, le=20)  # the API caps it at 5
     echo: bool = False
     suffix: Optional[str] = None
     best_of: Optional[int] = None
+
+    @field_validator("max_tokens", mode="before")
+    @classmethod
+    def _default(cls, v):
+        return 16 if v is None else v  # the API's default for null, too
 
 
 def _unsupported(req: _Sampling):
@@ -103,65 +180,43 @@ def _unsupported(req: _Sampling):
         raise APIError(400, f"unsupported parameter(s): {', '.join(bad)}", param=bad[0])
 
 
-def _text(content, i: int) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    if isinstance(content, list):
-        out = []
-        for p in content:
-            if not isinstance(p, dict) or p.get("type") not in ("text", "input_text"):
-                raise APIError(
-                    400,
-                    f"messages[{i}]: only text content parts are " "supported",
-                    param="messages",
-                )
-            out.append(p.get("text", ""))
-        return "".join(out)
-    raise APIError(
-        400,
-        f"messages[{i}].content must be a string or a list of parts",
-        param="messages",
-    )
+def _text(content: Optional[List[ContentPart]], i: int) -> str:
+    out = []
+    for j, p in enumerate(content or []):
+        if p.type not in ("text", "input_text"):
+            raise APIError(
+                400,
+                f"messages.{i}.content.{j}: only text content parts are supported, "
+                f"not {p.type!r}",
+                param="messages",
+            )
+        out.append(p.text or "")
+    return "".join(out)
 
 
-def chat_messages(messages: List[dict]) -> List[dict]:
+def chat_messages(messages: List[Message]) -> List[dict]:
     """OpenAI messages -> the plain dicts HF chat templates read."""
     out = []
     for i, m in enumerate(messages):
-        role = m.get("role")
-        if role not in ("system", "developer", "user", "assistant", "tool"):
-            raise APIError(
-                400,
-                f"messages[{i}].role {role!r} is not one of system, "
-                "developer, user, assistant, tool",
-                param="messages",
-            )
         msg = {
-            "role": "system" if role == "developer" else role,
-            "content": _text(m.get("content"), i),
+            "role": "system" if m.role == "developer" else m.role,
+            "content": _text(m.content, i),
         }
-        if role == "tool":
-            msg["tool_call_id"] = m.get("tool_call_id")
-        calls = m.get("tool_calls") or []
-        if calls:
-            msg["tool_calls"] = []
-            for c in calls:
-                fn = dict(c.get("function") or {})
-                # Templates expect arguments as a mapping, the API sends JSON text.
-                if isinstance(fn.get("arguments"), str):
-                    try:
-                        fn["arguments"] = json.loads(fn["arguments"] or "{}")
-                    except ValueError:
-                        raise APIError(
-                            400,
-                            f"messages[{i}]: tool call arguments are " "not valid JSON",
-                            param="messages",
-                        )
-                msg["tool_calls"].append(
-                    {"id": c.get("id"), "type": "function", "function": fn}
-                )
+        if m.role == "tool":
+            msg["tool_call_id"] = m.tool_call_id
+        if m.tool_calls:
+            msg["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": c.function.model_dump()}
+                for c in m.tool_calls
+            ]
         out.append(msg)
     return out
+
+
+def _tools(req: ChatRequest) -> Optional[List[dict]]:
+    if not req.tools or req.tool_choice == "none":
+        return None
+    return [t.model_dump(exclude_none=True) for t in req.tools]
 
 
 def _usage(u: dict) -> dict:
@@ -227,7 +282,7 @@ def make_router(engine: Engine) -> APIRouter:
     async def chat_completions(req: ChatRequest, request: Request):
         check_model(engine, req.model)
         _unsupported(req)
-        tools = req.tools if req.tool_choice != "none" else None
+        tools = _tools(req)
         prompt = await off_loop(
             engine,
             lambda: encode_chat(
