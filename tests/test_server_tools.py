@@ -20,7 +20,7 @@ from test_server import (  # noqa: F401 - tool_srv is a fixture
 
 from mlx_dflash.drafters import PromptLookupDrafter
 from mlx_dflash.server.common import encode_chat
-from mlx_dflash.server.openai_api import chat_messages
+from mlx_dflash.server.openai_api import Message, chat_messages
 from mlx_dflash.server.output import parse_tool_calls
 from mlx_dflash.server.tools import GENERIC_TOOL_PROMPT, tool_format
 from mlx_dflash.target import Target
@@ -170,7 +170,8 @@ def test_history_renders_calls_and_results(gen_srv):
         {"role": "tool", "tool_call_id": calls[0].id, "content": "sunny"},
         {"role": "tool", "tool_call_id": calls[1].id, "content": "noon"},
     ]
-    text = rendered(gen_srv, chat_messages(msgs), TOOLS2_OA)
+    typed = [Message.model_validate(m) for m in msgs]
+    text = rendered(gen_srv, chat_messages(typed), TOOLS2_OA)
     assert text.endswith(
         "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
         "<|im_start|>assistant\nLet me check.\n"

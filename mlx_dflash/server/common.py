@@ -93,12 +93,21 @@ def check_template_args(args: Optional[dict], *, param: str) -> Optional[dict]:
     return args
 
 
+class ChatPrompt(list):
+    """A rendered chat's token ids, with the `text` they encode: the prompt
+    cache aligns a new turn with the previous reply by text."""
+
+    def __init__(self, ids, text: str):
+        super().__init__(ids)
+        self.text = text
+
+
 def encode_chat(
     engine: Engine,
     messages: List[dict],
     tools: Optional[list],
     template_args: Optional[dict] = None,
-) -> List[int]:
+) -> ChatPrompt:
     for m in messages:
         if isinstance(m.get("content"), str):
             m["content"] = normalize_text(m["content"])
@@ -107,14 +116,19 @@ def encode_chat(
         messages, tools = generic_messages(messages, tools), None
     args = {**engine.config.chat_template_args, **(template_args or {})}
     try:
-        prompt = engine.tokenizer.apply_chat_template(
-            messages, tools=tools or None, add_generation_prompt=True, **args
+        text = engine.tokenizer.apply_chat_template(
+            messages,
+            tools=tools or None,
+            add_generation_prompt=True,
+            tokenize=False,
+            **args,
         )
     except Exception as e:  # noqa: BLE001 - templates raise on bad conversations
         raise APIError(
             400, f"chat template rejected the messages: {e}", param="messages"
         )
-    return list(prompt)
+    # As apply_chat_template tokenises: the template writes any BOS itself.
+    return ChatPrompt(engine.tokenizer.encode(text, add_special_tokens=False), text)
 
 
 T = TypeVar("T")
@@ -167,6 +181,7 @@ def submit(engine: Engine, job: Job, request: Optional[Request]) -> Job:
     """Queue `job` under the client's prompt-cache key; 503 while shutting down."""
     if request is not None:
         job.cache_key = getattr(request.state, "cache_key", None)
+    job.text = getattr(job.prompt, "text", None)
     try:
         return engine.submit(job)
     except ShuttingDown as e:

@@ -26,7 +26,7 @@ from ..memory import available_memory, check_memory, memory_model
 from ..sampling import SamplingParams
 from ..stats import SpecStats
 from .metrics import Metrics
-from .prompt_cache import PromptCache, load_drafter, save_drafter
+from .prompt_cache import PointRecorder, PromptCache, load_drafter, save_drafter
 
 log = logging.getLogger("mlx_dflash.server")
 
@@ -58,6 +58,9 @@ class EngineConfig:
     # (or that has more than `max_unread` events unread) is cancelled.
     stall_seconds: float = 30.0
     max_unread: int = 4096
+    # Reply tokens between the prompt cache's cut points (for GatedDeltaNet
+    # models each point holds a copy of the recurrent state).
+    reply_point_tokens: int = 256
 
 
 # Context window of models whose config names none (max_position_embeddings).
@@ -92,6 +95,7 @@ class Job:
     logprobs: Optional[int] = None  # None, or how many top entries per token
     engine: str = ""
     cache_key: Optional[str] = None  # prompt-cache namespace (the client's API key)
+    text: Optional[str] = None  # the rendered chat the prompt encodes (chat APIs)
     deadline: Optional[float] = None  # time.monotonic() limit
     cancelled: threading.Event = field(default_factory=threading.Event)
     reason: str = ""  # why it was cancelled: client | stalled | timeout | shutdown
@@ -314,36 +318,52 @@ class Engine:
 
     # ---- the generation thread -------------------------------------------------
 
-    def _restore(self, prompt: Sequence[int], key: Optional[str]):
-        """A cache (and drafter state) holding the longest reusable prefix of `prompt`."""
-        entry, n, trim = (None, 0, 0)
+    def _restore(self, job: Job):
+        """A cache (and drafter state) holding the longest reusable prefix of
+        the job's prompt, and the prompt to run (see `PromptCache.fetch`)."""
+        hit = None
         if self.prompt_cache is not None:
-            entry, n, trim = self.prompt_cache.fetch(prompt, key)
-        if entry is None:
+            hit = self.prompt_cache.fetch(
+                job.prompt, job.cache_key, text=job.text, encode=self._encode
+            )
+        if hit is None:
             self.metrics.cache_misses.inc()
-            return self.target.make_cache(), 0
-        if trim:
-            trim_prompt_cache(entry.cache, trim)
-        load_drafter(self.drafter, entry.drafter_state)
-        if trim:
-            self.drafter.trim(trim)
+            return self.target.make_cache(), 0, list(job.prompt)
+        load_drafter(self.drafter, hit.drafter_state)
+        if hit.trim:
+            self.drafter.trim(hit.trim)
         self.metrics.cache_hits.inc()
-        return entry.cache, n
+        return hit.cache, hit.n, hit.prompt
 
-    def _keep(self, job: Job, tokens: Sequence[int], cache, *, copy_state=False):
-        """Store `cache` + the drafter's state (both holding `tokens`) for reuse."""
+    def _encode(self, text: str) -> List[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _keep(
+        self, job: Job, tokens: Sequence[int], cache, *, copy_state=False, reply=None
+    ):
+        """Store `cache` + the drafter's state (both holding `tokens`) for reuse.
+
+        `reply`: the PointRecorder of a finished answer (its text and points).
+        """
         if self.prompt_cache is None or not tokens:
             return
         if copy_state:
             cache = copy.deepcopy(cache)
         state = save_drafter(self.drafter, copy_state=copy_state)
-        self.prompt_cache.insert(tokens, cache, state, job.cache_key)
+        text, points = "", []
+        if reply is not None:
+            text, points = reply
+        self.prompt_cache.insert(
+            tokens, cache, state, job.cache_key, text=text, points=points
+        )
 
     def _generate(self, job: Job):
         target, tok = self.target, self.tokenizer
-        prompt = list(job.prompt)
         eos = set(tok.eos_token_ids)
-        cache, cached = self._restore(prompt, job.cache_key)
+        cache, cached, prompt = self._restore(job)
+        if len(prompt) != len(job.prompt):  # the previous reply's own ids
+            room = (self.config.max_context or len(prompt) + 1) - len(prompt)
+            job.max_tokens = max(1, min(job.max_tokens, room))
         trimmable = all(c.is_trimmable() for c in cache)
         should_stop = lambda: self._should_stop(job)  # noqa: E731
         tic = time.perf_counter()
@@ -397,6 +417,11 @@ class Engine:
             )
 
             detok = tok.detokenizer
+            points = None
+            if self.prompt_cache is not None and job.text is not None:
+                points = PointRecorder(
+                    cache, len(prompt), job.text, self.config.reply_point_tokens
+                )
             out: List[int] = []
             pending: List[TokenLogprob] = []
             cancelled = False
@@ -406,6 +431,8 @@ class Engine:
                 if not out:
                     prefill_s = time.perf_counter() - tic
                     tic = time.perf_counter()
+                if points is not None:
+                    points.before(len(out), detok)
                 out.append(token)
                 if token not in eos:
                     if job.logprobs is not None:
@@ -413,6 +440,8 @@ class Engine:
                     detok.add_token(token)
                     piece = detok.last_segment  # reading it consumes it
                     if piece:
+                        if points is not None:
+                            points.sent(piece)
                         job.emit(Event(text=piece, token=token, logprobs=pending))
                         pending = []
                 if should_stop():
@@ -426,6 +455,9 @@ class Engine:
             return
         gen_s = max(time.perf_counter() - tic, 1e-9)
         detok.finalize()
+        tail = detok.last_segment
+        if points is not None:
+            points.sent(tail)
 
         if cancelled:
             finish = "cancelled"
@@ -442,7 +474,11 @@ class Engine:
         else:
             finish = "stop" if out and out[-1] in eos else "length"
             # The cache and drafter now hold exactly prompt + out[:-1].
-            self._keep(job, prompt + out[:-1], cache)
+            reply = None
+            if points is not None:
+                n = len(prompt) + len(out) - 1
+                reply = points.end(n, whole=finish == "stop")
+            self._keep(job, prompt + out[:-1], cache, reply=reply)
         usage = {
             "prompt_tokens": len(prompt),
             "cached_tokens": cached,
@@ -458,13 +494,13 @@ class Engine:
         self._record(job, finish, usage, stats, prefill_s)
         if cancelled:
             event = _stopped(job.reason, self.config, usage=usage)
-            event.text = detok.last_segment
+            event.text = tail
             event.logprobs = pending
             job.emit(event)
             return
         job.emit(
             Event(
-                text=detok.last_segment,
+                text=tail,
                 finish_reason=finish,
                 usage=usage,
                 logprobs=pending,

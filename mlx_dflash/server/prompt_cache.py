@@ -8,13 +8,24 @@ also stores a snapshot at the end of each prompt for those models. Entries are
 evicted least recently used first to stay within a byte budget. Each entry
 belongs to one key (the client's API key): a client reuses, and its
 `cached_tokens` reveal, only prompts sent with the same key.
+
+A turn's reply is reused by text, not by token ids: the next turn's prompt
+renders the reply as text, and a BPE tokenizer need not split that text
+into the ids the model generated (nor does an untrimmable cache survive the
+first id that differs). An entry made by a chat request keeps the text its
+tokens encode and, at points along the reply (every `point_tokens` tokens
+and at its end), the text length there plus, for GatedDeltaNet models, a
+copy of the untrimmable layers' state. A new prompt whose text starts with
+an entry's text up to a point is run as the entry's ids up to that point
+followed by the rest of its text tokenised: the model continues from
+exactly the tokens it generated.
 """
 
 import copy
 import re
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 # Plain-data attributes that hold a drafter's committed context (see drafters.py).
 _DRAFTER_STATE = ("cache", "tokens", "length", "cycle")
@@ -59,6 +70,17 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 @dataclass
+class Point:
+    """A place along an entry where it can be cut: `n` tokens, `text_len` chars."""
+
+    n: int
+    text_len: int
+    # Copies of the untrimmable layers' caches at `n` (None: trimming suffices,
+    # or `n` is the entry's end).
+    states: Optional[List[Any]] = None
+
+
+@dataclass
 class Entry:
     tokens: Tuple[int, ...]
     cache: List[Any]
@@ -66,6 +88,23 @@ class Entry:
     nbytes: int
     trimmable: bool
     key: Optional[str] = None
+    text: str = ""  # what `tokens` encode, when known (chat requests)
+    points: List[Point] = field(default_factory=list)
+
+    def cut_points(self) -> List[int]:
+        """Token counts this entry can be cut back to (all, if trimmable)."""
+        return [len(self.tokens)] + [p.n for p in self.points if p.states is not None]
+
+
+@dataclass
+class Hit:
+    """What `fetch` found: a cache holding `prompt[:n]` for the caller to extend."""
+
+    cache: List[Any]
+    drafter_state: dict
+    n: int
+    trim: int  # tokens the caller trims off the drafter
+    prompt: List[int]  # the prompt to run: the request's, or the entry's ids + rest
 
 
 class PromptCache:
@@ -84,30 +123,45 @@ class PromptCache:
         return len(self._entries)
 
     def fetch(
-        self, prompt: Sequence[int], key: Optional[str] = None
-    ) -> Tuple[Optional[Entry], int, int]:
-        """The entry that covers the longest prefix of `prompt`, for the caller to own.
+        self,
+        prompt: Sequence[int],
+        key: Optional[str] = None,
+        *,
+        text: Optional[str] = None,
+        encode: Optional[Callable[[str], List[int]]] = None,
+    ) -> Optional[Hit]:
+        """The longest reusable prefix of `prompt` (or of its `text`), for the caller to own.
 
-        Returns `(entry, reuse, trim)`: the caller must trim `trim` tokens off
-        its cache and drafter, leaving `reuse` tokens (< len(prompt): the last
-        prompt row must be run for logits). An entry the request reuses
-        (nearly) whole is taken out: the caller extends it and inserts it
-        back, as in an agent's next turn. One that would lose more than a
-        tenth is copied, so a conversation that shares only a prefix with it
-        (a template header, a system prompt) doesn't destroy it.
-        `(None, 0, 0)` when nothing helps. Only entries stored under `key`
-        are considered.
+        Token match: an entry whose ids start `prompt`, cut back to the
+        common prefix (trimmable) or to a cut point. Text match (`text` and
+        `encode` given): an entry whose text starts `text` up to one of its
+        points; the prompt becomes the entry's ids to there + `encode(rest)`.
+        The longer reuse wins; at least the last prompt row is left to run
+        (its logits start the answer). An entry the request reuses (nearly)
+        whole is taken out: the caller extends it and inserts it back, as in
+        an agent's next turn. One that would lose more than a tenth is
+        copied, so a conversation that shares only a prefix with it (a
+        template header, a system prompt) doesn't destroy it. None when
+        nothing helps. Only entries stored under `key` are considered.
         """
-        best, best_n = None, 0
+        best, best_n, best_prompt = None, 0, list(prompt)
         for i, e in self._entries.items():
             if e.key != key:
                 continue
             c = min(_common_prefix(e.tokens, prompt), len(prompt) - 1)
-            n = c if e.trimmable else (len(e.tokens) if len(e.tokens) <= c else 0)
+            n = c if e.trimmable else max([k for k in e.cut_points() if k <= c] or [0])
             if n > best_n:
-                best, best_n = i, n
+                best, best_n, best_prompt = i, n, list(prompt)
+            if text is None or encode is None or not e.text:
+                continue
+            for p in e.points:
+                if p.n <= best_n or not text.startswith(e.text[: p.text_len]):
+                    continue
+                spliced = list(e.tokens[: p.n]) + encode(text[p.text_len :])
+                if len(spliced) > p.n:
+                    best, best_n, best_prompt = i, p.n, spliced
         if best is None:
-            return None, 0, 0
+            return None
         entry = self._entries[best]
         trim = len(entry.tokens) - best_n
         if trim * 10 > len(entry.tokens):
@@ -115,7 +169,7 @@ class PromptCache:
             entry = copy.deepcopy(entry)
         else:
             del self._entries[best]
-        return entry, best_n, trim
+        return Hit(_cut(entry, best_n), entry.drafter_state, best_n, trim, best_prompt)
 
     def insert(
         self,
@@ -123,10 +177,14 @@ class PromptCache:
         cache: List[Any],
         drafter_state: dict,
         key: Optional[str] = None,
+        *,
+        text: str = "",
+        points: Sequence[Point] = (),
     ):
         """Store an entry (owned by the store from now on) and evict to the budget."""
         trimmable = all(c.is_trimmable() for c in cache)
-        nbytes = _nbytes(cache) + _nbytes(drafter_state)
+        points = list(points)
+        nbytes = _nbytes(cache) + _nbytes(drafter_state) + _nbytes([p.states for p in points])
         tokens = tuple(tokens)
         same = [i for i, e in self._entries.items() if e.tokens == tokens and e.key == key]
         for i in same:
@@ -136,9 +194,88 @@ class PromptCache:
         while self._entries and self.nbytes + nbytes > self.max_bytes:
             self._entries.popitem(last=False)
         self._entries[self._next] = Entry(
-            tokens, cache, drafter_state, nbytes, trimmable, key
+            tokens, cache, drafter_state, nbytes, trimmable, key, text, points
         )
         self._next += 1
 
     def clear(self):
         self._entries.clear()
+
+
+def _cut(entry: Entry, n: int) -> List[Any]:
+    """The entry's cache cut back to `n` tokens (a cut point if untrimmable)."""
+    cache, extra = entry.cache, len(entry.tokens) - n
+    if extra == 0:
+        return cache
+    if not entry.trimmable:
+        states = next(p.states for p in entry.points if p.n == n and p.states)
+        untrimmable = iter(states)
+        cache = [c if c.is_trimmable() else next(untrimmable) for c in cache]
+    for c in cache:
+        if c.is_trimmable():
+            c.trim(extra)
+    return cache
+
+
+def settled(detokenizer) -> bool:
+    """True when a streaming detokenizer holds nothing back (a partial UTF-8
+    character, a space kept for the next token): the text it has given out
+    is then exactly the text of the tokens it was fed. Unknown kinds: False."""
+    if hasattr(detokenizer, "_unflushed"):  # BPE and SPM (mlx_lm 0.32)
+        return not detokenizer._unflushed
+    if hasattr(detokenizer, "_current_tokens"):  # naive: flushes at newlines
+        return not detokenizer._current_tokens
+    return False
+
+
+class PointRecorder:
+    """Collects an entry's cut points while its reply is generated.
+
+    Call `before(j, ...)` before token j of the reply is detokenised and
+    `sent(text)` for every piece of text the client is given. A point is
+    taken at most every `every` tokens, where the caches hold exactly
+    `prompt + reply[:j]` (a cycle's end; the anchor layer's offset says so)
+    and the detokenizer has settled; an untrimmable cache's layers are copied
+    there. `end()` gives the points, the last one where the caches end.
+    """
+
+    def __init__(self, cache: List[Any], prompt_len: int, text: str, every: int):
+        self.cache, self.prompt_len, self.text, self.every = cache, prompt_len, text, every
+        self.anchor = next((c for c in cache if hasattr(c, "offset")), None)
+        self.trimmable = all(c.is_trimmable() for c in cache)
+        self.points: List[Point] = []
+        self.reply: List[str] = []
+        self.last: Optional[Point] = None  # where the caches hold reply[:j]
+        self._taken = 0
+
+    def before(self, j: int, detokenizer):
+        n, here = self.prompt_len + j, len(self.text) + sum(map(len, self.reply))
+        self.last = Point(n, here) if settled(detokenizer) else None
+        if (
+            self.last is None
+            or j - self._taken < self.every
+            or self.anchor is None
+            or self.anchor.offset != n
+        ):
+            return
+        if not self.trimmable:
+            self.last.states = [copy.deepcopy(c) for c in self.cache if not c.is_trimmable()]
+        self.points.append(self.last)
+        self._taken = j
+
+    def sent(self, text: str):
+        self.reply.append(text)
+
+    def end(self, n: int, *, whole: bool) -> Tuple[str, List[Point]]:
+        """The entry's text and points for caches holding `n` tokens.
+
+        `whole`: all text sent belongs to those tokens (the reply ended with
+        a stop token); else it ends before the last token's text.
+        """
+        full = self.text + "".join(self.reply)
+        end = Point(n, len(full)) if whole else self.last
+        points = [p for p in self.points if p.n < n]
+        if end is not None and end.n == n:
+            end.states = None  # the entry's own cache
+            points.append(end)
+        return full, points
