@@ -6,7 +6,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from .load import add_engine_args
+from .load import add_engine_args, check_engine_args, local_path, one_line_errors
 
 
 def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -99,13 +99,13 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.default_temperature is not None and args.default_temperature < 0:
         parser.error("--default-temperature must be >= 0")
-    if args.model is not None and args.draft is None:
-        from .registry import draft_for
+    with one_line_errors(parser):
+        check_engine_args(args)
+        if args.model is not None and args.draft is None:
+            from .registry import draft_for
 
-        try:
+            local_path(args.model, "--model")  # a missing path, not an unknown target
             args.draft = draft_for(args.model)
-        except ValueError as e:
-            parser.exit(2, f"error: {e}\n")
     if args.model is None:
         from .gguf import find_default_gguf
 
@@ -133,10 +133,8 @@ def main(argv=None):
             None if args.max_memory_gb is None else int(args.max_memory_gb * 1e9)
         ),
     )
-    try:
+    with one_line_errors(parser):
         engine = Engine(make_provider(args), config).start()
-    except ValueError as e:
-        parser.exit(2, f"error: {e}\n")
     logging.getLogger("mlx_dflash.server").info(
         "serving %s (drafter %s, block %d, default temperature %s) on http://%s:%d",
         config.model_name,
