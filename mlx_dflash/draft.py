@@ -321,6 +321,22 @@ def expected_keys(args: DraftArgs) -> List[str]:
     return keys
 
 
+def read_config(path, what: str) -> dict:
+    """`path/config.json` as a dict; a missing or broken file is a one-line
+    ValueError that names it."""
+    file = Path(path) / "config.json"
+    if not file.is_file():
+        raise ValueError(f"{what} {path} has no config.json")
+    try:
+        with open(file, encoding="utf-8") as f:
+            config = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{file} is not valid JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{file} is not a JSON object")
+    return config
+
+
 def load_draft(path, *, target=None, dtype: Optional[mx.Dtype] = None) -> DFlashDraft:
     """Load a z-lab format DFlash checkpoint directory.
 
@@ -331,11 +347,7 @@ def load_draft(path, *, target=None, dtype: Optional[mx.Dtype] = None) -> DFlash
         dtype: cast the weights to this dtype (default: keep the file's).
     """
     path = Path(path)
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise ValueError(f"draft checkpoint {path} has no config.json")
-    with open(cfg_file) as f:
-        args = DraftArgs.from_config(json.load(f))
+    args = DraftArgs.from_config(read_config(path, "draft checkpoint"))
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ValueError(f"draft checkpoint {path} has no *.safetensors file")

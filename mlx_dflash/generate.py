@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import os
 import sys
 
 import mlx.core as mx
@@ -9,7 +10,14 @@ import mlx.core as mx
 from .decode import stream_generate
 from .device import backend, device_info, draft_dtype, traps
 from .fallback import Fallback
-from .load import add_engine_args, load_target, make_drafter
+from .load import (
+    add_engine_args,
+    check_engine_args,
+    load_target,
+    local_path,
+    make_drafter,
+    one_line_errors,
+)
 from .memory import available_memory, check_memory, gb, memory_model
 from .registry import draft_for
 from .sampling import SamplingParams
@@ -66,13 +74,28 @@ def encode_prompt(
     return tokenizer.encode(prompt)
 
 
+def read_prompt(arg: str) -> str:
+    """`--prompt`, or stdin for '-', decoded strictly as UTF-8."""
+    # argv arrives surrogate-escaped; fsencode gives back its bytes.
+    data = sys.stdin.buffer.read() if arg == "-" else os.fsencode(arg)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        where = "the prompt on stdin" if arg == "-" else "--prompt"
+        byte = f"byte {data[e.start]:#04x} at offset {e.start}"
+        raise ValueError(f"{where} is not valid UTF-8 ({byte})") from None
+
+
 def log(args, message: str):
     if args.verbose:
         print(message, file=sys.stderr, flush=True)
 
 
 def run(args) -> dict:
+    check_engine_args(args)
+    prompt_text = read_prompt(args.prompt)
     if args.model is not None and args.draft is None:
+        local_path(args.model, "--model")  # a missing path, not an unknown target
         args.draft = draft_for(args.model)
         log(args, f"[mlx-dflash] drafter for {args.model}: {args.draft} (registry)")
     sampling = SamplingParams(
@@ -95,7 +118,6 @@ def run(args) -> dict:
         log(args, f"[mlx-dflash] drafter dtype {policy.name}: {policy.reason}")
     for trap in traps(info, where, dtype=dtype):
         print(f"[mlx-dflash] warning: {trap}", file=sys.stderr)
-    prompt_text = sys.stdin.read() if args.prompt == "-" else args.prompt
     prompt = encode_prompt(
         tokenizer,
         prompt_text,
@@ -144,7 +166,7 @@ def run(args) -> dict:
         "tokens": tokens,
         "finish_reason": last.finish_reason,
         "prompt_tokens": last.prompt_tokens,
-        "generation_tokens": last.generation_tokens,
+        "generation_tokens": len(tokens),
         "prompt_tps": round(last.prompt_tps, 3),
         "generation_tps": round(last.generation_tps, 3),
         "peak_memory_gb": round(last.peak_memory, 3),
@@ -167,21 +189,21 @@ def main(argv=None):
         )
     )
     args = parser.parse_args(argv)
-    try:
+    with one_line_errors(parser):
         result = run(args)
-    except ValueError as e:
-        parser.exit(2, f"error: {e}\n")
     if args.json:
         print(json.dumps(result))
         return
     s = result["stats"]
     fb = s["fallback"]
+    tau = "n/a" if s["tau"] is None else f"{s['tau']:.2f}"
+    acc = "n/a" if s["acceptance_rate"] is None else f"{s['acceptance_rate']:.1%}"
     print(
         f"\n==========\nprompt: {result['prompt_tokens']} tokens, "
         f"{result['prompt_tps']:.1f} tok/s | generation: {result['generation_tokens']} "
         f"tokens, {result['generation_tps']:.1f} tok/s | drafter {result['drafter']}, "
-        f"block {s['block_size']}, tau {s['tau']:.2f} (mean accepted length incl. bonus), "
-        f"per-draft-token acceptance {s['acceptance_rate']:.1%}, "
+        f"block {s['block_size']}, tau {tau} (mean accepted length incl. bonus), "
+        f"per-draft-token acceptance {acc}, "
         f"fallback: {fb['plain_tokens']} tokens plain in {fb['plain_seconds']:.2f} s "
         f"({fb['probes']} probes), {fb['speculative_tokens']} speculative in "
         f"{fb['speculative_seconds']:.2f} s | "

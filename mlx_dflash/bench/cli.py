@@ -19,6 +19,7 @@ import mlx.core as mx
 
 from ..drafters import DFlashDrafter, PromptLookupDrafter
 from ..fallback import POLICY_HELP, Fallback
+from ..load import one_line_errors
 from ..sampling import SamplingParams
 from ..target import Target
 from . import report
@@ -424,10 +425,8 @@ def main(argv=None):
         )
     )
     args = parser.parse_args(argv)
-    try:
+    with one_line_errors(parser):
         results = run(args, argv)
-    except ValueError as e:
-        parser.exit(2, f"error: {e}\n")
     stem = Path(args.out or f"bench/results/bench-{time.strftime('%Y%m%d-%H%M%S')}")
     command = "mlx-dflash bench " + " ".join(shlex.quote(a) for a in argv)
     paths = report.write(results, stem, command, png=not args.no_png)

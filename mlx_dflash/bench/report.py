@@ -73,14 +73,14 @@ def by_temperature(results: dict) -> List[dict]:
             matches = [a["token_match"] for _, a, _ in items]
             row.update(
                 runs=sum(a["spec"].get("runs", 1) for _, a, _ in items),
-                tau=(accepted + cycles) / cycles if cycles else 0.0,
+                tau=(accepted + cycles) / cycles if cycles else None,
                 tau_per_run=summarize(
                     [r["tau"] for _, a, _ in items for r in a["per_run"] if "tau" in r]
                 ),
-                acceptance_rate=accepted / drafted if drafted else 0.0,
+                acceptance_rate=accepted / drafted if drafted else None,
                 draft_share=accepted / emitted if emitted else 0.0,
                 per_position_acceptance=[
-                    x / d if d else 0.0 for x, d in zip(acc_at, dr_at)
+                    x / d if d else None for x, d in zip(acc_at, dr_at)
                 ],
                 speedup=summarize(
                     [
@@ -140,9 +140,9 @@ def by_temperature_rows(rows_: List[dict]) -> List[List[str]]:
                 f"{r['temperature']:g}",
                 r["decoder"],
                 str(r["cases"]),
-                f"{r['tau']:.3f}",
+                _num(r["tau"], ".3f"),
                 _mmm(r["tau_per_run"], "{:.2f}"),
-                f"{r['acceptance_rate']:.3f}",
+                _num(r["acceptance_rate"], ".3f"),
                 f"{r['draft_share']:.3f}",
                 _mmm(r["decode_tps"]),
                 _mmm(r["speedup"], "{:.2f}"),
@@ -202,6 +202,11 @@ def environment() -> dict:
     return env
 
 
+def _num(x, spec: str) -> str:
+    """A ratio with nothing to count (None: no cycle, nothing drafted) is n/a."""
+    return "n/a" if x is None else format(x, spec)
+
+
 def _mmm(s: dict, fmt: str = "{:.1f}") -> str:
     return f"{fmt.format(s['median'])} [{fmt.format(s['min'])}–{fmt.format(s['max'])}]"
 
@@ -254,8 +259,8 @@ def rows(results: dict) -> List[List[str]]:
                     _mmm(a["decode_tps"]),
                     _mmm(a["speedup"], "{:.2f}"),
                     _mmm(a["ttft_s"], "{:.3f}"),
-                    f"{sp['tau']:.2f}",
-                    f"{sp['acceptance_rate']:.3f}",
+                    _num(sp["tau"], ".2f"),
+                    _num(sp["acceptance_rate"], ".3f"),
                     f"{sp['draft_share']:.3f}",
                     match,
                     div,
@@ -324,7 +329,7 @@ def markdown(results: dict, command: str) -> str:
             t = f" T={_temp(c):g}" if "sampling" in c else ""
             lines.append(
                 f"- {c['suite']}/{c['name']}{t} {name}: "
-                + " ".join(f"{p:.2f}" for p in pp)
+                + " ".join(_num(p, ".2f") for p in pp)
             )
     lines += _fallback_lines(results)
     lines += ["", "## Settings", "", "```json", json.dumps(cfg, indent=1), "```"]
@@ -384,7 +389,8 @@ def plot(results: dict, path: Path) -> None:
             sp.append(s["median"])
             lo.append(s["median"] - s["min"])
             hi.append(s["max"] - s["median"])
-            taus.append(a["spec"]["tau"])
+            tau = a["spec"]["tau"]
+            taus.append(float("nan") if tau is None else tau)
     lengths = {}
     for c in results["cases"]:
         lengths.setdefault("mlx_lm (stock)", []).append(
@@ -419,7 +425,7 @@ def plot(results: dict, path: Path) -> None:
     axes[2].legend(fontsize=7)
     by_t = results.get("by_temperature") or by_temperature(results)
     for name in dict.fromkeys(r["decoder"] for r in by_t if "tau" in r):
-        pts = [r for r in by_t if r["decoder"] == name]
+        pts = [r for r in by_t if r["decoder"] == name and r["tau"] is not None]
         ts = [r["temperature"] for r in pts]
         tau = [r["tau"] for r in pts]
         # Pooled τ is a weighted mean of the runs' τ, so it lies inside their range.

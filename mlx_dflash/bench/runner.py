@@ -422,7 +422,9 @@ def summarize_case(case: Case, arms, runs, profiles, calibration) -> dict:
         )
         s["ttft_ratio"] = summarize([r.ttft_s / b.ttft_s for r, b in zip(rs, base)])
         s["spec"] = pool_stats([r.spec for r in rs])
-        s["tau_per_run"] = summarize([round(r.spec.tau, 4) for r in rs])
+        s["tau_per_run"] = summarize(
+            [round(r.spec.tau, 4) for r in rs if r.spec.tau is not None]
+        )
         s["tau_target"] = arm.tau_target
         s["block_size"] = arm.block_size
         # At a temperature the two sides draw different (equally valid)
@@ -461,7 +463,11 @@ def _arm_summary(rs: List[RunResult]) -> dict:
                 "decode_tps": r.decode_tps,
                 "ttft_s": r.ttft_s,
                 "peak_memory_gb": r.peak_memory_gb,
-                **({"tau": round(r.spec.tau, 4)} if r.spec else {}),
+                **(
+                    {"tau": round(r.spec.tau, 4)}
+                    if r.spec and r.spec.tau is not None
+                    else {}
+                ),
             }
             for r in rs
         ],

@@ -51,6 +51,12 @@ def token_match(
     return {"equal_pct": 100.0 * same / n, "first_divergence": first}
 
 
-def ideal_speedup(tau: float, t_ar: float, t_draft: float, t_verify: float) -> float:
-    """Speedup a cycle-costed engine would reach with no overhead: tau*t_AR/(t_draft+t_verify)."""
+def ideal_speedup(
+    tau: Optional[float], t_ar: float, t_draft: float, t_verify: float
+) -> float:
+    """Speedup a cycle-costed engine would reach with no overhead: tau*t_AR/(t_draft+t_verify).
+
+    NaN when no speculative cycle ran (tau None)."""
+    if tau is None:
+        return float("nan")
     return tau * t_ar / (t_draft + t_verify)

@@ -520,6 +520,7 @@ class Engine:
             m.accepted.inc(stats.accepted)
             m.cycles.inc(stats.cycles)
             m.tau.set(stats.tau)
+        if stats.drafted:  # lookup cycles can draft nothing: no rate to report
             m.acceptance.set(stats.acceptance_rate)
         if self.prompt_cache is not None:
             m.cache_bytes.set(self.prompt_cache.nbytes)

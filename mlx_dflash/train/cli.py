@@ -179,17 +179,18 @@ def held_out_tau(target, tokenizer, draft, a) -> dict:
         block_size=16,
         stop_tokens=sorted(tokenizer.eos_token_ids),
     )
+    tau = "n/a" if stats.tau is None else f"{stats.tau:.2f}"
     print(
-        f"held-out tau {stats.tau:.2f} over {len(prompts)} prompts, "
+        f"held-out tau {tau} over {len(prompts)} prompts, "
         f"identical to greedy: {same}",
         file=sys.stderr,
     )
     return {
         "prompts": len(prompts),
         "max_tokens": a.eval_max_tokens,
-        "tau": round(stats.tau, 3),
+        "tau": None if stats.tau is None else round(stats.tau, 3),
         "identical_to_greedy": same,
-        "per_prompt_tau": [round(t, 2) for t in taus],
+        "per_prompt_tau": [None if t is None else round(t, 2) for t in taus],
         "stats": stats.as_dict(),
     }
 
