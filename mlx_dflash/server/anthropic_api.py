@@ -86,6 +86,16 @@ def chat_messages(req: _Conversation) -> List[dict]:
         out.append({"role": "system", "content": _block_text(req.system)})
     for i, m in enumerate(req.messages):
         role, content = m.get("role"), m.get("content")
+        if role == "system":
+            # Claude Code's mid-conversation system turns (beta per-turn-control):
+            # most chat templates allow a system message only first, so it joins
+            # the user turn, marked the way Claude Code marks its own reminders.
+            text = f"<system-reminder>\n{_block_text(content)}\n</system-reminder>"
+            if out and out[-1]["role"] == "user":
+                out[-1]["content"] += "\n" + text
+            else:
+                out.append({"role": "user", "content": text})
+            continue
         if role not in ("user", "assistant"):
             raise APIError(400, f"messages.{i}.role: must be 'user' or 'assistant'")
         if isinstance(content, str):
@@ -171,7 +181,9 @@ def _prompt(engine: Engine, req: _Conversation):
     tools = _tools(req)
     template_args = None
     if req.thinking is not None:
-        template_args = {"enable_thinking": req.thinking.get("type") == "enabled"}
+        # "adaptive" (Claude Code's default) lets the model decide: it may think.
+        enable = req.thinking.get("type") in ("enabled", "adaptive")
+        template_args = {"enable_thinking": enable}
     prompt = encode_chat(engine, chat_messages(req), tools, template_args)
     return prompt, tools
 
