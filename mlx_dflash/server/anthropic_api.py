@@ -91,7 +91,8 @@ ToolResultBlock.model_rebuild()
 
 
 class InputMessage(Lenient):
-    role: Literal["user", "assistant"]
+    # "system": Claude Code's mid-conversation system turns (see chat_messages).
+    role: Literal["user", "assistant", "system"]
     content: Blocks  # a string is one text block
 
 
@@ -154,6 +155,17 @@ def chat_messages(req: _Conversation) -> List[dict]:
         out.append({"role": "system", "content": system})
     for i, m in enumerate(req.messages):
         role = m.role
+        if role == "system":
+            # Claude Code's mid-conversation system turns (beta per-turn-control):
+            # most chat templates allow a system message only first, so it joins
+            # the user turn, marked the way Claude Code marks its own reminders.
+            body = _block_text(m.content, f"messages.{i}.content")
+            text = f"<system-reminder>\n{body}\n</system-reminder>"
+            if out and out[-1]["role"] == "user":
+                out[-1]["content"] += "\n" + text
+            else:
+                out.append({"role": "user", "content": text})
+            continue
         texts, calls = [], []
         for j, b in enumerate(m.content):
             kind, where = b.type, f"messages.{i}.content.{j}"
@@ -231,7 +243,9 @@ def _prompt(engine: Engine, req: _Conversation):
     tools = _tools(req)
     template_args = None
     if req.thinking is not None:
-        template_args = {"enable_thinking": req.thinking.get("type") == "enabled"}
+        # "adaptive" (Claude Code's default) lets the model decide: it may think.
+        enable = req.thinking.get("type") in ("enabled", "adaptive")
+        template_args = {"enable_thinking": enable}
     prompt = encode_chat(engine, chat_messages(req), tools, template_args)
     return prompt, tools
 
