@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
-from . import anthropic_api, openai_api
+from . import anthropic_api, openai_api, responses_api
 from .common import ANTHROPIC_ERROR_TYPES, APIError
 from .engine import Engine
 from .tools import tool_format
@@ -189,6 +189,7 @@ def create_app(
     app = FastAPI(title="mlx-dflash", docs_url=None, redoc_url=None)
     app.include_router(openai_api.make_router(engine))
     app.include_router(anthropic_api.make_router(engine))
+    app.include_router(responses_api.make_router(engine))
     app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
     started = int(time.time())
 
