@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from .common import (
+    EFFORT_THINKING,
     APIError,
     Finish,
     check_model,
@@ -21,6 +22,7 @@ from .common import (
     off_loop,
     run_job,
     submit,
+    thinking_args,
 )
 from .engine import Engine, Job
 
@@ -231,7 +233,13 @@ def make_router(engine: Engine) -> APIRouter:
         prompt = await off_loop(
             engine,
             lambda: encode_chat(
-                engine, chat_messages(req.messages), tools, req.chat_template_kwargs
+                engine,
+                chat_messages(req.messages),
+                tools,
+                thinking_args(
+                    req.chat_template_kwargs,
+                    EFFORT_THINKING.get(req.reasoning_effort),
+                ),
             ),
         )
         max_tokens, fit = fit_max_tokens(
