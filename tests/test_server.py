@@ -667,8 +667,14 @@ def test_tool_calls_openai(tool_srv):
 
 def test_tool_calls_anthropic(tool_srv):
     msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    # Thinking blocks come back when the request enables thinking.
+    think = {"type": "enabled", "budget_tokens": 1024}
     m = tool_srv.anthropic.messages.create(
-        model="claude-local", max_tokens=30, tools=TOOLS_AN, messages=msgs
+        model="claude-local",
+        max_tokens=30,
+        tools=TOOLS_AN,
+        messages=msgs,
+        thinking=think,
     )
     assert [b.type for b in m.content] == ["thinking", "text", "tool_use"]
     assert m.content[0].thinking == "hmm, weather"
@@ -679,7 +685,11 @@ def test_tool_calls_anthropic(tool_srv):
     assert m.stop_reason == "tool_use"
 
     with tool_srv.anthropic.messages.stream(
-        model="claude-local", max_tokens=30, tools=TOOLS_AN, messages=msgs
+        model="claude-local",
+        max_tokens=30,
+        tools=TOOLS_AN,
+        messages=msgs,
+        thinking=think,
     ) as stream:
         final = stream.get_final_message()
     assert [b.type for b in final.content] == ["thinking", "text", "tool_use"]

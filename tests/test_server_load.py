@@ -77,7 +77,7 @@ def workload(seed: int = 0):
     for bad in (
         "invalid_json",
         "max_tokens_0",
-        "unknown_field",
+        "client_template",
         "unknown_model",
         "empty_messages",
         "too_long",
@@ -353,10 +353,13 @@ def malformed(srv: Server, bad: str) -> str:
                 model="claude-local", max_tokens=0, messages=msgs
             ),
         ),
-        "unknown_field": (
+        "client_template": (
             openai.BadRequestError,
             lambda: srv.openai.chat.completions.create(
-                model="tiny", messages=msgs, max_tokens=4, extra_body={"bogus": 1}
+                model="tiny",
+                messages=msgs,
+                max_tokens=4,
+                extra_body={"chat_template_kwargs": {"chat_template": "{{ 1 }}"}},
             ),
         ),
         "unknown_model": (

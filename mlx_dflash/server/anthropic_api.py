@@ -20,6 +20,7 @@ from .common import (
     off_loop,
     run_job,
     submit,
+    thinking_args,
 )
 from .engine import Engine, Job
 from .schema import Body, Lenient
@@ -239,13 +240,29 @@ def _tools(req: _Conversation):
     return out
 
 
+def _thinking(req: _Conversation) -> Optional[bool]:
+    """Thinking on or off as the request says; None: the template's default.
+
+    Reasoning is returned as `thinking` blocks only when the request enabled
+    it; otherwise it is dropped (clients that did not ask may read
+    `content[0].text`), never shown as text.
+    """
+    if req.thinking is None:
+        return None
+    return req.thinking.get("type") in ("enabled", "adaptive")
+
+
+def _think_budget(req: _Conversation) -> Optional[int]:
+    """`budget_tokens` of enabled thinking: the engine closes reasoning there."""
+    budget = (req.thinking or {}).get("budget_tokens")
+    ok = _thinking(req) and isinstance(budget, int) and budget >= 0
+    return budget if ok else None
+
+
 def _prompt(engine: Engine, req: _Conversation):
     tools = _tools(req)
-    template_args = None
-    if req.thinking is not None:
-        # "adaptive" (Claude Code's default) lets the model decide: it may think.
-        enable = req.thinking.get("type") in ("enabled", "adaptive")
-        template_args = {"enable_thinking": enable}
+    # "adaptive" (Claude Code's default) lets the model decide: it may think.
+    template_args = thinking_args(None, _thinking(req))
     prompt = encode_chat(engine, chat_messages(req), tools, template_args)
     return prompt, tools
 
@@ -293,6 +310,7 @@ def make_router(engine: Engine) -> APIRouter:
                 top_p=req.top_p or 1.0,
                 top_k=req.top_k or 0,
                 engine=engine.engine_name(temp),
+                think_budget=_think_budget(req),
             ),
             request,
         )
@@ -310,6 +328,7 @@ def make_router(engine: Engine) -> APIRouter:
             stop=req.stop_sequences or [],
             tools=tools,
             max_calls=1 if single else None,
+            show_reasoning=_thinking(req) is True,
             request=request,
         )
         headers = {**engine_headers(engine, job), **fit}

@@ -131,6 +131,29 @@ def encode_chat(
     return ChatPrompt(engine.tokenizer.encode(text, add_special_tokens=False), text)
 
 
+# OpenAI `reasoning_effort` -> the template's thinking switch ("none"/"minimal": off).
+EFFORT_THINKING = {
+    "none": False,
+    "minimal": False,
+    "low": True,
+    "medium": True,
+    "high": True,
+}
+
+
+def thinking_args(
+    template_args: Optional[dict], thinking: Optional[bool]
+) -> Optional[dict]:
+    """Chat-template kwargs with the request's thinking switch (None: the template's).
+
+    `enable_thinking` given in the kwargs themselves wins; mlx_lm's tokenizer
+    renames it for templates whose switch is called `thinking`.
+    """
+    if thinking is None:
+        return template_args
+    return {"enable_thinking": thinking, **(template_args or {})}
+
+
 T = TypeVar("T")
 
 
@@ -232,13 +255,16 @@ async def run_job(
     tools=None,
     max_calls: Optional[int] = None,
     raw: bool = False,
+    show_reasoning: bool = True,
     request: Optional[Request] = None,
 ) -> AsyncIterator[Union[Part, Finish]]:
     """Follow a submitted `job`; yield `Part`s as they become certain, then one `Finish`.
 
     The job is cancelled when the consumer stops early (client disconnect), a
     stop sequence matches, or `max_calls` tool calls have been made (parallel
-    tool calls turned off: the answer ends after the first call).
+    tool calls turned off: the answer ends after the first call). Reasoning
+    is split out of the answer unless `raw`; `show_reasoning=False` drops it
+    (its tokens still count in the usage), it never becomes text.
     """
     tok = engine.tokenizer
     # Raw completions keep think markers as text; chat splits them out.
@@ -263,7 +289,10 @@ async def run_job(
             if parser.stopped_by is None:
                 pending += ev.logprobs
             for kind, text in parser.feed(ev.text, final=final):
-                yield part("reasoning" if kind == REASONING else "text", text)
+                if kind != REASONING:
+                    yield part("text", text)
+                elif show_reasoning:
+                    yield part("reasoning", text)
             for call in parse_tool_calls(tok, parser.tool_calls[n_texts:], tools):
                 if max_calls is None or n_calls < max_calls:
                     n_calls += 1

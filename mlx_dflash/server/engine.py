@@ -8,6 +8,7 @@ longer than `stall_seconds`, passed its deadline, or the server shuts down.
 
 import asyncio
 import copy
+import dataclasses
 import logging
 import queue
 import threading
@@ -27,6 +28,7 @@ from ..sampling import SamplingParams
 from ..stats import SpecStats
 from .metrics import Metrics
 from .prompt_cache import PointRecorder, PromptCache, load_drafter, save_drafter
+from .think import ThinkBudget, opens_think
 
 log = logging.getLogger("mlx_dflash.server")
 
@@ -96,6 +98,8 @@ class Job:
     engine: str = ""
     cache_key: Optional[str] = None  # prompt-cache namespace (the client's API key)
     text: Optional[str] = None  # the rendered chat the prompt encodes (chat APIs)
+    # Reasoning tokens allowed before the engine closes the think block (think.py).
+    think_budget: Optional[int] = None
     deadline: Optional[float] = None  # time.monotonic() limit
     cancelled: threading.Event = field(default_factory=threading.Event)
     reason: str = ""  # why it was cancelled: client | stalled | timeout | shutdown
@@ -357,6 +361,17 @@ class Engine:
             tokens, cache, state, job.cache_key, text=text, points=points
         )
 
+    def _think_budget(self, job: Job) -> Optional[ThinkBudget]:
+        tok = self.tokenizer
+        if job.think_budget is None or not tok.has_thinking:
+            return None
+        return ThinkBudget(
+            job.think_budget,
+            tuple(tok.think_start_tokens),
+            tuple(tok.think_end_tokens),
+            inside=opens_think(tok, job.prompt),
+        )
+
     def _generate(self, job: Job):
         target, tok = self.target, self.tokenizer
         eos = set(tok.eos_token_ids)
@@ -368,6 +383,7 @@ class Engine:
         should_stop = lambda: self._should_stop(job)  # noqa: E731
         tic = time.perf_counter()
         run_from = cached
+        context = prompt  # what this segment of the output continues
         try:
             if (
                 self.prompt_cache is not None
@@ -399,23 +415,7 @@ class Engine:
                     min_p=job.min_p,
                     seed=job.seed,
                 )
-            steps = generate_step(
-                target,
-                prompt,
-                self.drafter,
-                cache=cache,
-                max_tokens=job.max_tokens,
-                block_size=stats.block_size,
-                stop_tokens=eos,
-                prefill_step_size=self.config.prefill_step_size,
-                cached=run_from,
-                sampling=sampling,
-                logprobs=job.logprobs,
-                fallback=self.config.fallback,
-                stats=stats,
-                should_stop=should_stop,
-            )
-
+            think = self._think_budget(job)
             detok = tok.detokenizer
             points = None
             if self.prompt_cache is not None and job.text is not None:
@@ -424,33 +424,80 @@ class Engine:
                 )
             out: List[int] = []
             pending: List[TokenLogprob] = []
-            cancelled = False
+            cancelled = started = False
             prefill_s = 0.0
-            for step in steps:
-                token = step[0]
-                if not out:
-                    prefill_s = time.perf_counter() - tic
-                    tic = time.perf_counter()
-                if points is not None:
-                    points.before(len(out), detok)
-                out.append(token)
-                if token not in eos:
-                    if job.logprobs is not None:
-                        pending.append((token, *step[2]))
-                    detok.add_token(token)
-                    piece = detok.last_segment  # reading it consumes it
-                    if piece:
+            while True:
+                if think is not None and think.overdue():
+                    # Budget spent: the think end goes into the output and the
+                    # next segment continues after it.
+                    if len(out) + len(think.end) > job.max_tokens:
+                        break
+                    for token in think.end:
                         if points is not None:
-                            points.sent(piece)
-                        job.emit(Event(text=piece, token=token, logprobs=pending))
-                        pending = []
-                if should_stop():
-                    cancelled = True
+                            points.before(len(out), detok)
+                        out.append(token)
+                        think.observe(out)
+                        detok.add_token(token)
+                        piece = detok.last_segment
+                        if piece:
+                            if points is not None:
+                                points.sent(piece)
+                            job.emit(Event(text=piece, token=token))
+                room = job.max_tokens - len(out)
+                context = prompt + out
+                if out and sampling is not None and sampling.seed is not None:
+                    # A seeded job's later segments must not replay its first keys.
+                    sampling = dataclasses.replace(sampling, seed=job.seed + len(out))
+                steps = generate_step(
+                    target,
+                    context,
+                    self.drafter,
+                    cache=cache,
+                    max_tokens=room if think is None else think.limit(room),
+                    block_size=stats.block_size,
+                    stop_tokens=eos if think is None else eos | think.stops(),
+                    prefill_step_size=self.config.prefill_step_size,
+                    cached=run_from,
+                    sampling=sampling,
+                    logprobs=job.logprobs,
+                    fallback=self.config.fallback,
+                    stats=stats,
+                    should_stop=should_stop,
+                )
+                for step in steps:
+                    token = step[0]
+                    if not started:
+                        started = True
+                        prefill_s = time.perf_counter() - tic
+                        tic = time.perf_counter()
+                    if points is not None:
+                        points.before(len(out), detok)
+                    out.append(token)
+                    if think is not None:
+                        think.observe(out)
+                    if token not in eos:
+                        if job.logprobs is not None:
+                            pending.append((token, *step[2]))
+                        detok.add_token(token)
+                        piece = detok.last_segment  # reading it consumes it
+                        if piece:
+                            if points is not None:
+                                points.sent(piece)
+                            job.emit(Event(text=piece, token=token, logprobs=pending))
+                            pending = []
+                    if should_stop():
+                        cancelled = True
+                        break
+                if cancelled or out[-1] in eos or len(out) >= job.max_tokens:
                     break
+                # A segment ended at a think decision; it ran to its end, so the
+                # caches hold prompt + out[:-1]: the next one prefills from there.
+                assert think is not None
+                run_from = len(prompt) + len(out) - 1
         except Cancelled as e:
             # Stopped mid-prefill: the chunks already run are a valid prefix
             # (a retry of an abandoned request starts from there).
-            self._keep(job, prompt[: e.filled], cache)
+            self._keep(job, context[: e.filled], cache)
             self._refuse(job)
             return
         gen_s = max(time.perf_counter() - tic, 1e-9)

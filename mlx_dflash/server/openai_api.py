@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BeforeValidator, Field, field_validator
 
 from .common import (
+    EFFORT_THINKING,
     APIError,
     Finish,
     check_model,
@@ -22,6 +23,7 @@ from .common import (
     off_loop,
     run_job,
     submit,
+    thinking_args,
 )
 from .engine import Engine, Job
 from .schema import Body, Lenient, bad_string
@@ -286,7 +288,13 @@ def make_router(engine: Engine) -> APIRouter:
         prompt = await off_loop(
             engine,
             lambda: encode_chat(
-                engine, chat_messages(req.messages), tools, req.chat_template_kwargs
+                engine,
+                chat_messages(req.messages),
+                tools,
+                thinking_args(
+                    req.chat_template_kwargs,
+                    EFFORT_THINKING.get(req.reasoning_effort),
+                ),
             ),
         )
         max_tokens, fit = fit_max_tokens(

@@ -1,18 +1,26 @@
-"""Tool calls for models whose chat template ignores `tools`: one generic format.
+"""Tool-call syntax: which markers and parser a model's calls need (`tool_syntax`).
 
 A template that renders tools keeps the native path (the tokenizer's markers
-and mlx_lm tool parser). For one that does not (SmolLM2's chatml, say), the
-tools would vanish from the prompt without a word; instead we write them into
-the system message with `GENERIC_TOOL_PROMPT`, render past calls and results
-as tagged text the template can show, and parse `<tool_call>` JSON back out.
+and mlx_lm tool parser; the Qwen family reads both its XML and JSON forms).
+For one that does not (SmolLM2's chatml, say), the tools would vanish from
+the prompt without a word; instead we write them into the system message
+with `GENERIC_TOOL_PROMPT`, render past calls and results as tagged text the
+template can show, and parse `<tool_call>` JSON back out.
 """
 
 import json
+import re
 import weakref
-from typing import List, Optional
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Tuple
+
+from mlx_lm.tool_parsers import json_tools, qwen3_coder
 
 TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"
 TOOL_RESPONSE_START, TOOL_RESPONSE_END = "<tool_response>", "</tool_response>"
+# Qwen3-Coder / Qwen3.5 write `<function=NAME>` blocks, sometimes without `<tool_call>`.
+FUNCTION = ("<function=", "</function>")
+_FUNCTION_BLOCK = re.compile(r"<function=.*?</function>", re.DOTALL)
 
 # `{tools}` becomes one JSON object per line: {"name", "description", "parameters"}.
 GENERIC_TOOL_PROMPT = """# Tools
@@ -60,23 +68,73 @@ def tool_format(tokenizer) -> str:
     return fmt
 
 
-def tool_markers(tokenizer) -> Optional[tuple]:
-    """(start, end) markers of a tool call in the output, or None if unknown."""
+@dataclass(frozen=True)
+class ToolSyntax:
+    """How the model writes a tool call, and the `parse(text, tools)` for its text.
+
+    `start`/`end` enclose a call and are cut off; each `bare` (start, end) pair
+    also opens one but stays in the text given to `parse` (Qwen3-Coder's
+    `<function=…>…</function>` written without `<tool_call>`).
+    """
+
+    start: str
+    end: str
+    parse: Callable
+    bare: Tuple[Tuple[str, str], ...] = ()
+
+
+def tool_syntax(tokenizer) -> Optional[ToolSyntax]:
+    """The one place that picks markers and parser; None if the model has none.
+
+    The Qwen family (`<tool_call>`: mlx_lm's json_tools and qwen3_coder, and our
+    generic format) gets `parse_qwen`, which reads either form of the call.
+    """
     if tool_format(tokenizer) == "generic":
-        return TOOL_CALL_START, TOOL_CALL_END
-    if tokenizer.has_tool_calling:
-        return tokenizer.tool_call_start, tokenizer.tool_call_end
-    return None
+        return ToolSyntax(TOOL_CALL_START, TOOL_CALL_END, parse_qwen)
+    parser = tokenizer.tool_parser if tokenizer.has_tool_calling else None
+    template = getattr(tokenizer, "chat_template", None)
+    template = template if isinstance(template, str) else ""
+    if parser is qwen3_coder.parse_tool_call or (
+        parser is None and "<function=" in template
+    ):
+        return ToolSyntax(TOOL_CALL_START, TOOL_CALL_END, parse_qwen, (FUNCTION,))
+    if parser is json_tools.parse_tool_call or (
+        parser is None and TOOL_CALL_START in template
+    ):
+        return ToolSyntax(TOOL_CALL_START, TOOL_CALL_END, parse_qwen)
+    if parser is None:
+        return None
+    return ToolSyntax(tokenizer.tool_call_start, tokenizer.tool_call_end, parser)
 
 
-def tool_parser(tokenizer):
-    """The `parse(text, tools)` for the text between the markers."""
-    return parse_call if tool_format(tokenizer) == "generic" else tokenizer.tool_parser
+def parse_qwen(text: str, tools=None) -> List[dict]:
+    """A `<tool_call>` body: XML `<function=…>` blocks, else JSON object(s).
 
-
-def parse_call(text: str, tools=None):
-    """The generic format's call: the JSON between the tags (mlx_lm parser shape)."""
-    return json.loads(text.strip())
+    Each XML block goes to mlx_lm's qwen3_coder parser (values converted by the
+    tool's schema types); a block it rejects is dropped, the others are kept.
+    """
+    blocks = _FUNCTION_BLOCK.findall(text)
+    if blocks:
+        calls = []
+        for block in blocks:
+            try:
+                calls.append(qwen3_coder.parse_tool_call(block, tools))
+            except (ValueError, TypeError, SyntaxError):
+                continue
+        return calls
+    calls, text, i = [], text.strip(), 0
+    decoder = json.JSONDecoder()
+    while i < len(text):  # several objects in one pair of tags are several calls
+        try:
+            value, i = decoder.raw_decode(text, i)
+        except ValueError:
+            if not calls:
+                raise
+            break  # trailing junk after whole calls
+        calls += value if isinstance(value, list) else [value]
+        while i < len(text) and text[i] in " \t\r\n,":
+            i += 1
+    return calls
 
 
 def _call_text(call: dict) -> str:
