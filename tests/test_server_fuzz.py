@@ -87,11 +87,47 @@ CONVERSATION = {
     "thinking": {"type": "disabled"},
 }
 MESSAGES_BODY = {**CONVERSATION, "max_tokens": 2, "stop_sequences": ["zz"]}
+RESPONSES = {
+    "model": "tiny",
+    "instructions": "Be terse.",
+    "input": [
+        {"role": "developer", "content": "Use tools."},
+        {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "Weather?"}],
+        },
+        {"type": "reasoning", "summary": [], "content": []},
+        {
+            "type": "function_call",
+            "call_id": "c1",
+            "name": "get",
+            "arguments": '{"city": "Oslo"}',
+        },
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+    ],
+    "tools": [
+        {
+            "type": "function",
+            "name": "get",
+            "description": "d",
+            "parameters": {"type": "object", "properties": {"city": {}}},
+        },
+        {"type": "web_search"},
+    ],
+    "tool_choice": "auto",
+    "reasoning": {"effort": "low"},
+    "text": {"format": {"type": "text"}},
+    "stream": False,
+    "store": False,
+    "max_output_tokens": 2,
+}
 ENDPOINTS = {
     "/v1/chat/completions": CHAT,
     "/v1/completions": COMPLETION,
     "/v1/messages": MESSAGES_BODY,
     "/v1/messages/count_tokens": CONVERSATION,
+    "/v1/responses": RESPONSES,
 }
 # Real field names, so added fields often hit a validator.
 FIELDS = sorted(
@@ -102,6 +138,8 @@ FIELDS = sorted(
     | {"tool_calls", "function", "arguments", "input", "input_schema", "is_error"}
     | {"tool_use_id", "tool_call_id", "id", "chat_template_kwargs", "seed"}
     | {"chat_template", "tokenize", "return_dict", "enable_thinking"}
+    | {"instructions", "max_output_tokens", "previous_response_id", "reasoning"}
+    | {"effort", "format", "call_id", "output", "namespace", "tools", "parameters"}
     | {k for body in ENDPOINTS.values() for k in body}
 )
 HUGE = [2**31, 2**63, 2**64, -(2**63) - 1, 10**30, -1]
@@ -159,7 +197,7 @@ def mutated(draw, skeleton):
         else:
             c.append(draw(values))
     # Keep generations short; huge values are left to be refused.
-    for key in ("max_tokens", "max_completion_tokens"):
+    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         v = body.get(key)
         if type(v) is int and 4 < v < 2**31:
             body[key] = 4
@@ -200,21 +238,25 @@ def check(path, r):
             if line.startswith("data:") and line != "data: [DONE]":
                 event = json.loads(line[5:])
                 assert "error" not in event and event.get("type") != "error", event
+                assert event.get("type") != "response.failed", event
 
 
 def still_serves(srv):
     assert srv.http.get("/health").json() == {"status": "ok"}
     r = post(srv, "/v1/chat/completions", {**CHAT, "max_tokens": 1})
     assert r.status_code == 200, r.text
+    r = post(srv, "/v1/responses", {**RESPONSES, "max_output_tokens": 1})
+    assert r.status_code == 200, r.text
 
 
 # ---- one case per malformed class --------------------------------------------------
 
-CH, CO, MS, CT = (
+CH, CO, MS, CT, RS = (
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/messages",
     "/v1/messages/count_tokens",
+    "/v1/responses",
 )
 OA = {"model": "tiny", "messages": MESSAGES, "max_tokens": 2}
 AN = {"model": "claude-x", "max_tokens": 2, "messages": MESSAGES[1:]}
@@ -248,6 +290,21 @@ def _kwargs(**kw):
 
 def _seed(seed, **kw):
     return {**OA, "temperature": 0.7, "seed": seed, **kw}
+
+
+RB = {"model": "tiny", "input": "hi", "max_output_tokens": 2}
+
+
+def _rs_items(*items, **kw):
+    return {**RB, "input": list(items), **kw}
+
+
+def _rs_call(**fields):
+    return _rs_items({"type": "function_call", "call_id": "c", "name": "f", **fields})
+
+
+def _rs_tool(**fields):
+    return {**RB, "tools": [{"type": "function", "name": "f", **fields}]}
 
 
 UNICODE = "string is not valid Unicode"
@@ -300,9 +357,47 @@ CASES = [
         None,
     ),
     (CT, {**AN, "bogus": None}, 200, None),
+    # Responses: what each of these hit before its field was checked
+    (RS, RESPONSES, 200, None),
+    (RS, {**RESPONSES, "stream": True}, 200, None),
+    (RS, {**RB, "reasoning": {"effort": [1]}}, 400, "reasoning.effort"),
+    (RS, {**RB, "text": {"format": "json"}}, 400, "text.format"),
+    (RS, {**RB, "metadata": {"k": 1}}, 400, "metadata.k"),
+    (RS, {**RB, "metadata": {"k": float("nan")}}, 400, "NaN"),
+    (RS, _rs_tool(parameters={"x": float("inf")}), 400, "NaN and Infinity"),
+    (RS, {**RB, "metadata": {"\ud800": "v"}}, 400, UNICODE),
+    (RS, {**RB, "instructions": "a\udc00"}, 400, f"instructions: {UNICODE}"),
+    (RS, {**RB, "input": "\ud83d"}, 400, f"input: {UNICODE}"),
+    (RS, _rs_items({"role": "user", "content": [{"type": "input_text"}]}), 200, None),
+    (
+        RS,
+        _rs_items({"role": "user", "content": [{"type": "input_text", "text": 5}]}),
+        400,
+        "input[0].text must be a string",
+    ),
+    (RS, _rs_tool(name=5), 400, "tools.0.name"),
+    (RS, _rs_tool(parameters="x"), 400, "tools.0.parameters"),
+    (RS, _rs_tool(description=["d"]), 400, "tools.0.description"),
+    (RS, {**RB, "tools": [{"type": "namespace", "tools": 5}]}, 400, "tools.0"),
+    (RS, {**RB, "tools": [{"type": "namespace", "tools": [5]}]}, 400, "tools.0.tools"),
+    (RS, {**RB, "tools": [{"type": "web_search", "name": 5}]}, 200, None),
+    (RS, _rs_call(arguments='{"a": "\\ud800"}'), 400, "input[0].arguments"),
+    (RS, _rs_call(arguments="[1]"), 400, "must be a JSON object"),
+    (RS, _rs_call(arguments=5), 400, "must be a JSON string"),
+    (RS, _rs_call(arguments={"a": 1}), 200, None),
+    (RS, _rs_call(name=None), 400, "a call needs a name"),
+    (RS, _rs_call(call_id={}), 400, "input[0].call_id"),
+    (
+        RS,
+        _rs_items({"type": "function_call_output", "call_id": 5, "output": "x"}),
+        400,
+        "input[0].call_id",
+    ),
+    (RS, {**RB, "client_metadata": {"x": 1}, "truncation": "auto"}, 200, None),
     # not JSON at all
     (CH, b"\xff\xfe", 400, "not valid JSON"),
     (MS, b"[1, 2", 400, "not valid JSON"),
+    (RS, b'{"model": "tiny", "input": "hi"', 400, "not valid JSON"),
 ]
 
 

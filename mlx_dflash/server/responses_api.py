@@ -7,14 +7,16 @@ with `previous_response_id` from a bounded in-memory LRU.
 
 import json
 import logging
+import math
 import time
 import uuid
 from collections import OrderedDict
+from types import NoneType
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field, model_validator
 
 from .common import (
     APIError,
@@ -30,6 +32,7 @@ from .common import (
     submit,
 )
 from .engine import Engine, Job
+from .schema import Body, Lenient, bad_string
 
 log = logging.getLogger("mlx_dflash.server")
 
@@ -41,10 +44,36 @@ STORE_SIZE = 256
 ROLES = ("user", "assistant", "system", "developer")
 
 
-class ResponsesRequest(BaseModel):
+class Reasoning(Lenient):
+    effort: Optional[str] = None
+    summary: Optional[str] = None
+
+
+class TextFormat(Lenient):
+    type: str = "text"
+
+
+class TextConfig(Lenient):
+    format: Optional[TextFormat] = None
+
+
+def _finite(value) -> bool:
+    """No NaN or infinity anywhere: Python's json reads them, replies can't."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            return False
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return True
+
+
+class ResponsesRequest(Body):
     # Clients send many fields that don't change local decoding (client_metadata,
-    # truncation, service_tier, ...): unknown fields are ignored.
-    model_config = ConfigDict(extra="ignore")
+    # truncation, service_tier, ...): unknown fields are ignored (`Body`).
 
     model: str
     input: Union[str, List[Dict[str, Any]], None] = None
@@ -55,14 +84,22 @@ class ResponsesRequest(BaseModel):
     max_output_tokens: Optional[int] = Field(None, ge=1)
     temperature: Optional[float] = Field(None, ge=0, le=2)
     top_p: Optional[float] = Field(None, gt=0, le=1)
-    reasoning: Optional[Dict[str, Any]] = None
-    text: Optional[Dict[str, Any]] = None
+    reasoning: Optional[Reasoning] = None
+    text: Optional[TextConfig] = None
     store: Optional[bool] = None
     previous_response_id: Optional[str] = None
     include: Optional[List[str]] = None
     prompt_cache_key: Optional[str] = None
-    metadata: Optional[Dict[str, Any]] = None
+    metadata: Optional[Dict[str, str]] = None  # echoed back, as the API's strings
     stream: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nan(cls, data):
+        # Tools and metadata are echoed in the reply, which is strict JSON.
+        if not _finite(data):
+            raise APIError(400, "NaN and Infinity are not valid JSON numbers")
+        return data
 
 
 # ---- request -> chat messages ---------------------------------------------------
@@ -86,23 +123,37 @@ def _tools(req: ResponsesRequest) -> Tuple[Optional[list], Dict[str, str]]:
         return None, {}
     out, namespaces = [], {}
 
-    def add(t, namespace=None):
-        if not t.get("name"):
-            raise APIError(400, "tools: a function tool needs a name", param="tools")
-        fn = {"name": t["name"], "description": t.get("description") or ""}
-        fn["parameters"] = t.get("parameters") or {"type": "object", "properties": {}}
+    def add(t, where, namespace=None):
+        name, params = t.get("name"), t.get("parameters")
+        if not isinstance(name, str) or not name:
+            raise APIError(400, f"{where}.name: a function needs a name", param="tools")
+        if not isinstance(t.get("description"), (str, NoneType)):
+            raise APIError(400, f"{where}.description must be a string", param="tools")
+        if not isinstance(params, (dict, NoneType)):
+            raise APIError(400, f"{where}.parameters must be an object", param="tools")
+        fn = {"name": name, "description": t.get("description") or ""}
+        fn["parameters"] = params or {"type": "object", "properties": {}}
         out.append({"type": "function", "function": fn})
         if namespace:
-            namespaces[t["name"]] = namespace
+            namespaces[name] = namespace
 
-    for t in req.tools:
-        kind = t.get("type")
+    for i, t in enumerate(req.tools):
+        kind, where = t.get("type"), f"tools.{i}"
         if kind == "function":
-            add(t)
+            add(t, where)
         elif kind == "namespace":
-            for sub in t.get("tools") or []:
+            subs, namespace = t.get("tools") or [], t.get("name")
+            if not (isinstance(subs, list) and isinstance(namespace, (str, NoneType))):
+                raise APIError(
+                    400, f"{where}: a namespace is a name and a list", param="tools"
+                )
+            for j, sub in enumerate(subs):
+                if not isinstance(sub, dict):
+                    raise APIError(
+                        400, f"{where}.tools.{j} must be an object", param="tools"
+                    )
                 if sub.get("type") == "function":
-                    add(sub, t.get("name"))
+                    add(sub, f"{where}.tools.{j}", namespace)
         else:
             log.debug("responses: dropping %r tool (not run by this server)", kind)
     return out or None, namespaces
@@ -110,7 +161,7 @@ def _tools(req: ResponsesRequest) -> Tuple[Optional[list], Dict[str, str]]:
 
 def _template_args(req: ResponsesRequest) -> Optional[dict]:
     """reasoning.effort -> the template's thinking switch (and gpt-oss's effort)."""
-    effort = (req.reasoning or {}).get("effort")
+    effort = req.reasoning.effort if req.reasoning else None
     if effort is None:
         return None
     return {
@@ -129,6 +180,13 @@ def _items(input_) -> List[dict]:
     return list(input_)
 
 
+def _string(item: dict, key: str, where: str) -> Optional[str]:
+    value = item.get(key)
+    if not isinstance(value, (str, NoneType)):
+        raise APIError(400, f"{where}.{key} must be a string", param="input")
+    return value
+
+
 def _text(content, where: str) -> str:
     if content is None or isinstance(content, str):
         return content or ""
@@ -139,10 +197,9 @@ def _text(content, where: str) -> str:
     out = []
     for p in content:
         kind = p.get("type") if isinstance(p, dict) else None
-        if kind in ("input_text", "output_text", "text"):
-            out.append(p.get("text") or "")
-        elif kind == "refusal":
-            out.append(p.get("refusal") or "")
+        if kind in ("input_text", "output_text", "text", "refusal"):
+            key = "refusal" if kind == "refusal" else "text"
+            out.append(_string(p, key, where) or "")
         else:
             raise APIError(
                 400,
@@ -155,12 +212,22 @@ def _text(content, where: str) -> str:
 
 def _arguments(text, where: str):
     # Templates expect arguments as a mapping, the API sends JSON text.
-    if not isinstance(text, str):
-        return text or {}
-    try:
-        return json.loads(text or "{}")
-    except ValueError:
-        raise APIError(400, f"{where}.arguments is not valid JSON", param="input")
+    if text is None or isinstance(text, dict):
+        args = text or {}
+    elif not isinstance(text, str):
+        raise APIError(400, f"{where}.arguments must be a JSON string", param="input")
+    else:
+        try:
+            args = json.loads(text or "{}")
+        except ValueError:
+            raise APIError(400, f"{where}.arguments is not valid JSON", param="input")
+    if not isinstance(args, dict):
+        raise APIError(400, f"{where}.arguments must be a JSON object", param="input")
+    if bad_string(args) or not _finite(args):  # json.loads reads "\ud800", NaN
+        raise APIError(
+            400, f"{where}.arguments holds a value that is not valid", param="input"
+        )
+    return args
 
 
 def chat_messages(instructions: Optional[str], items: List[dict]) -> List[dict]:
@@ -194,11 +261,13 @@ def chat_messages(instructions: Optional[str], items: List[dict]) -> List[dict]:
             else:
                 out.append({"role": role, "content": text})
         elif kind == "function_call":
+            if not _string(item, "name", where):
+                raise APIError(400, f"{where}.name: a call needs a name", param="input")
             call = {
-                "id": item.get("call_id"),
+                "id": _string(item, "call_id", where),
                 "type": "function",
                 "function": {
-                    "name": item.get("name"),
+                    "name": item["name"],
                     "arguments": _arguments(item.get("arguments"), where),
                 },
             }
@@ -211,7 +280,7 @@ def chat_messages(instructions: Optional[str], items: List[dict]) -> List[dict]:
             out.append(
                 {
                     "role": "tool",
-                    "tool_call_id": item.get("call_id"),
+                    "tool_call_id": _string(item, "call_id", where),
                     "content": _text(output, where),
                 }
             )
@@ -362,7 +431,7 @@ class _Output:
 
 def _head(req: ResponsesRequest, tools: Optional[list], temperature: float) -> dict:
     """The response object's fields that echo the request."""
-    reasoning = req.reasoning or {}
+    reasoning = req.reasoning or Reasoning()
     return {
         "id": _id("resp"),
         "object": "response",
@@ -372,10 +441,7 @@ def _head(req: ResponsesRequest, tools: Optional[list], temperature: float) -> d
         "max_output_tokens": req.max_output_tokens,
         "parallel_tool_calls": req.parallel_tool_calls is not False,
         "previous_response_id": req.previous_response_id,
-        "reasoning": {
-            "effort": reasoning.get("effort"),
-            "summary": reasoning.get("summary"),
-        },
+        "reasoning": {"effort": reasoning.effort, "summary": reasoning.summary},
         "store": req.store is not False,
         "temperature": temperature,
         "text": {"format": {"type": "text"}},
@@ -455,7 +521,7 @@ def make_router(engine: Engine, *, store_size: int = STORE_SIZE) -> APIRouter:
     @router.post("/v1/responses")
     async def create(req: ResponsesRequest, request: Request):
         check_model(engine, req.model)
-        fmt = ((req.text or {}).get("format") or {}).get("type", "text")
+        fmt = req.text.format.type if req.text and req.text.format else "text"
         if fmt != "text":
             raise APIError(
                 400, f"unsupported parameter(s): text.format {fmt!r}", param="text"
