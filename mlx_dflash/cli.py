@@ -6,7 +6,7 @@ import sys
 
 COMMANDS = {
     "generate": ("mlx_dflash.generate", "generate text with speculative decoding"),
-    "serve": ("mlx_dflash.serve", "OpenAI- and Anthropic-compatible HTTP server"),
+    "serve": ("mlx_dflash.server.cli", "OpenAI- and Anthropic-compatible HTTP server"),
     "bench": (
         "mlx_dflash.bench.cli",
         "benchmark against stock mlx_lm (speedup, tau, efficiency)",

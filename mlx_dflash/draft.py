@@ -25,6 +25,10 @@ from .cache import BucketKVCache
 from .layer import fits, fused, linears, qk_norms
 from .linear import fusable
 
+# The verify block of z-lab's drafters and ours; a config without one has it,
+# and so does a drafter without a preference (`load.block_size_for`).
+DEFAULT_BLOCK_SIZE = 16
+
 REQUIRED_CONFIG = (
     "hidden_size",
     "intermediate_size",
@@ -47,7 +51,7 @@ class DraftArgs:
     vocab_size: int
     target_layer_ids: List[int]
     mask_token_id: int
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     num_target_layers: Optional[int] = None
     head_dim: Optional[int] = None
     rope_theta: float = 1_000_000.0
@@ -96,7 +100,9 @@ class DraftArgs:
             vocab_size=config["vocab_size"],
             target_layer_ids=[int(i) for i in ids],
             mask_token_id=int(mask),
-            block_size=int(config.get("block_size", dflash.get("block_size", 16))),
+            block_size=int(
+                config.get("block_size", dflash.get("block_size", DEFAULT_BLOCK_SIZE))
+            ),
             num_target_layers=config.get("num_target_layers"),
             head_dim=config.get("head_dim"),
             rope_theta=float(rope_theta),

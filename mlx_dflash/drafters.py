@@ -7,8 +7,10 @@ The decode loop talks to a drafter through three calls, in this order:
                            accepted verify positions)
   propose(anchor, n)       up to n tokens that should follow `anchor`
 `capture_layers` names the target layers whose outputs `commit` needs.
-`trim(n)` forgets the last n committed tokens (prompt-cache reuse); the
-drafter's state is plain data, so `copy.deepcopy(drafter_state)` snapshots it.
+`trim(n)` forgets the last n committed tokens. `state()` is the committed
+context as plain data (live, not a copy: `copy.deepcopy` it to snapshot) and
+`load_state(state)` puts such a state back: the prompt cache stores and
+restores drafters through these two.
 """
 
 import random
@@ -33,6 +35,10 @@ class Drafter(Protocol):
     def propose(self, anchor: int, n: int) -> mx.array: ...
 
     def trim(self, n: int) -> None: ...
+
+    def state(self) -> dict: ...
+
+    def load_state(self, state: dict) -> None: ...
 
 
 class DFlashDrafter:
@@ -66,6 +72,12 @@ class DFlashDrafter:
         for c in self.cache:
             c.trim(n)
 
+    def state(self):
+        return {"cache": self.cache}
+
+    def load_state(self, state):
+        self.cache = state["cache"]
+
     def _logits(self, anchor: int, n: int) -> mx.array:
         block = mx.array([[anchor] + [self.mask_token_id] * n])
         with block_linears(self._linears):
@@ -98,6 +110,12 @@ class PromptLookupDrafter:
 
     def trim(self, n):
         del self.tokens[len(self.tokens) - n :]
+
+    def state(self):
+        return {"tokens": self.tokens}
+
+    def load_state(self, state):
+        self.tokens = state["tokens"]
 
     def propose(self, anchor: int, n: int) -> mx.array:
         seq = self.tokens + [anchor]
@@ -150,6 +168,12 @@ class OracleDrafter:
 
     def trim(self, n):
         self.length -= n
+
+    def state(self):
+        return {"length": self.length, "cycle": self.cycle}
+
+    def load_state(self, state):
+        self.length, self.cycle = state["length"], state["cycle"]
 
     def _wrong(self, token: int) -> int:
         return (token + 1 + self.rng.randrange(self.vocab_size - 1)) % self.vocab_size

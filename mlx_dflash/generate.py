@@ -5,21 +5,17 @@ import json
 import os
 import sys
 
-import mlx.core as mx
-
 from .decode import stream_generate
-from .device import backend, device_info, draft_dtype, traps
+from .device import backend, device_info, traps
 from .fallback import Fallback
 from .load import (
     add_engine_args,
     check_engine_args,
-    load_target,
-    local_path,
-    make_drafter,
+    engine_options,
+    load_pair,
     one_line_errors,
 )
 from .memory import available_memory, check_memory, gb, memory_model
-from .registry import draft_for
 from .sampling import SamplingParams
 
 
@@ -94,10 +90,6 @@ def log(args, message: str):
 def run(args) -> dict:
     check_engine_args(args)
     prompt_text = read_prompt(args.prompt)
-    if args.model is not None and args.draft is None:
-        local_path(args.model, "--model")  # a missing path, not an unknown target
-        args.draft = draft_for(args.model)
-        log(args, f"[mlx-dflash] drafter for {args.model}: {args.draft} (registry)")
     sampling = SamplingParams(
         temperature=args.temp,
         top_p=args.top_p,
@@ -105,18 +97,17 @@ def run(args) -> dict:
         min_p=args.min_p,
         seed=args.seed,
     )
-    dtype = getattr(mx, args.dtype) if args.dtype else None
-    target, tokenizer = load_target(args.model, dtype=dtype)
-    info, where = device_info(), backend()
-    policy = draft_dtype(info, where, requested=dtype)
-    drafter, native_block = make_drafter(
-        args.draft, target, dtype=policy.dtype, quantize=args.draft_quantize
-    )
-    block_size = args.block_size or native_block or 16
-    uses_draft = block_size > 1 and hasattr(drafter, "draft")
+    options = engine_options(args)
+    pair = load_pair(args.model, args.draft, **options)
+    target, tokenizer, drafter = pair.target, pair.tokenizer, pair.drafter
+    block_size, policy = pair.block_size, pair.draft_dtype
+    uses_draft = pair.uses_draft_model
+    if pair.from_registry:
+        log(args, f"[mlx-dflash] drafter for {args.model}: {pair.draft} (registry)")
     if uses_draft:
         log(args, f"[mlx-dflash] drafter dtype {policy.name}: {policy.reason}")
-    for trap in traps(info, where, dtype=dtype):
+    info, where = device_info(), backend()
+    for trap in traps(info, where, dtype=options["dtype"]):
         print(f"[mlx-dflash] warning: {trap}", file=sys.stderr)
     prompt = encode_prompt(
         tokenizer,
@@ -170,7 +161,7 @@ def run(args) -> dict:
         "prompt_tps": round(last.prompt_tps, 3),
         "generation_tps": round(last.generation_tps, 3),
         "peak_memory_gb": round(last.peak_memory, 3),
-        "drafter": drafter.name if block_size > 1 else "none",
+        "drafter": drafter.name if pair.speculative else "none",
         "draft_dtype": policy.name if uses_draft else None,
         "draft_dtype_reason": policy.reason if uses_draft else None,
         "draft_quantize": args.draft_quantize if uses_draft else None,

@@ -1,16 +1,24 @@
-"""Load a target and build a drafter from command-line style specs."""
+"""Load a target and its drafter from command-line style specs.
+
+`load_pair` is what `generate`, `serve`, `bench` and `train --eval-only` run:
+the target (`load_target`), the drafter in the dtype the device policy picks
+(`load_drafter`) and the block size (`block_size_for`). Bench loads one target
+and several drafters through the same two halves.
+"""
 
 import json
 import os
 import re
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from .draft import DFlashDraft, load_draft, read_config
+from .device import DraftDtype, backend, device_info, draft_dtype
+from .draft import DEFAULT_BLOCK_SIZE, DFlashDraft, load_draft, read_config
 from .drafters import DFlashDrafter, Drafter, PromptLookupDrafter
 from .fallback import POLICY_HELP
 from .target import Target
@@ -68,6 +76,15 @@ def check_model_dir(path: Path) -> None:
         raise ValueError(f"--model {path} has no *.safetensors weights")
 
 
+def model_name(model: Optional[str]) -> str:
+    """A target's display name: its folder, file or repo name (the default GGUF's)."""
+    if model is None:
+        from .gguf import find_default_gguf
+
+        model = str(find_default_gguf())
+    return Path(str(model).rstrip("/")).name
+
+
 def load_target(
     path: Optional[str],
     *,
@@ -108,6 +125,23 @@ def load_target(
     return target, tokenizer
 
 
+def block_size_for(flag: Optional[int], native: Optional[int]) -> int:
+    """The verify block size: `--block-size`, else the drafter's own, else 16."""
+    if flag is not None:
+        return flag
+    return native if native is not None else DEFAULT_BLOCK_SIZE
+
+
+def draft_spec(model: Optional[str], draft: Optional[str]) -> Optional[str]:
+    """`--draft`; with `--model` alone, the registry's drafter for that target."""
+    if model is None or draft is not None:
+        return draft
+    from .registry import draft_for
+
+    local_path(model, "--model")  # a missing path, not an unknown target
+    return draft_for(model)
+
+
 def make_drafter(
     spec: Optional[str],
     target: Target,
@@ -139,6 +173,94 @@ def make_drafter(
         quantize_draft(draft, quantize)
     target.set_capture_layers(draft.args.target_layer_ids)
     return DFlashDrafter(draft, target), draft.args.block_size
+
+
+def load_drafter(
+    spec: Optional[str],
+    target: Target,
+    *,
+    dtype: Optional[mx.Dtype] = None,
+    quantize: Optional[int] = None,
+) -> Tuple[Drafter, Optional[int], DraftDtype]:
+    """`make_drafter` with the draft model in the dtype `device.draft_dtype`
+    picks for this device (`dtype`, the `--dtype` flag, wins).
+
+    Returns `(drafter, native_block_size, policy)`.
+    """
+    policy = draft_dtype(device_info(), backend(), requested=dtype)
+    drafter, native = make_drafter(spec, target, dtype=policy.dtype, quantize=quantize)
+    return drafter, native, policy
+
+
+@dataclass
+class Pair:
+    """A loaded target and drafter, and how they run together."""
+
+    target: Target
+    tokenizer: Any
+    drafter: Drafter
+    block_size: int
+    draft_dtype: DraftDtype  # the draft model's dtype and why (DFlash drafters)
+    draft: Optional[str]  # the `--draft` spec loaded (None: the shipped drafter)
+    from_registry: bool  # `draft` came from registry.py (`--model` alone)
+
+    @property
+    def speculative(self) -> bool:
+        return self.block_size > 1
+
+    @property
+    def uses_draft_model(self) -> bool:
+        """Speculating with a DFlash draft model (its dtype and quantization apply)."""
+        return self.speculative and isinstance(self.drafter, DFlashDrafter)
+
+
+def load_pair(
+    model: Optional[str] = None,
+    draft: Optional[str] = None,
+    *,
+    dtype: Optional[mx.Dtype] = None,
+    draft_quantize: Optional[int] = None,
+    block_size: Optional[int] = None,
+    block_linear: Optional[bool] = None,
+    attention_kernel: Optional[bool] = None,
+) -> Pair:
+    """The target and drafter that `generate`, `serve` and `bench` run.
+
+    Args:
+        model: `--model` (None: the default target; see `load_target`).
+        draft: `--draft` (None: the registry's drafter for `model`, or the
+          shipped drafter for the default target; see `make_drafter`).
+        dtype: `--dtype`, for the target and the drafter (None: the target
+          keeps its weights' dtype, the drafter takes `device.draft_dtype`'s).
+        draft_quantize: `--draft-quantize` (4 or 8).
+        block_size: `--block-size` (see `block_size_for`).
+        block_linear, attention_kernel: `Target`'s kernel switches.
+    """
+    spec = draft_spec(model, draft)
+    target, tokenizer = load_target(
+        model, dtype=dtype, block_linear=block_linear, attention_kernel=attention_kernel
+    )
+    drafter, native, policy = load_drafter(
+        spec, target, dtype=dtype, quantize=draft_quantize
+    )
+    return Pair(
+        target,
+        tokenizer,
+        drafter,
+        block_size_for(block_size, native),
+        policy,
+        draft=spec,
+        from_registry=draft is None and model is not None,
+    )
+
+
+def engine_options(args) -> dict:
+    """`load_pair`'s options from the flags of `add_engine_args`."""
+    return dict(
+        dtype=getattr(mx, args.dtype) if args.dtype else None,
+        draft_quantize=args.draft_quantize,
+        block_size=args.block_size,
+    )
 
 
 def draft_path(spec: str) -> Path:

@@ -19,7 +19,13 @@ import mlx.core as mx
 
 from ..drafters import DFlashDrafter, PromptLookupDrafter
 from ..fallback import POLICY_HELP, Fallback
-from ..load import one_line_errors
+from ..load import (
+    block_size_for,
+    load_drafter,
+    load_target,
+    model_name,
+    one_line_errors,
+)
 from ..sampling import SamplingParams
 from ..target import Target
 from . import report
@@ -79,7 +85,12 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=[4.0, 6.5, 9.0],
         help="engine mode: target τ values",
     )
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help="verify block size (default: a checkpoint's own, else 16)",
+    )
     p.add_argument(
         "--draft-layers",
         type=int,
@@ -194,37 +205,30 @@ def load(args):
             args.shape,
             target.num_layers,
             num_layers=layers,
-            block_size=args.block_size,
+            block_size=block_size_for(args.block_size, None),
             dtype=dtype,
         )
         kind = "peaked random" if args.peaked else "random"
         return target, None, f"{kind} {args.shape} ({args.dtype or 'bfloat16'})", make
-    from ..load import load_target
-
-    path = args.model
-    if path is None:
-        from ..gguf import find_default_gguf
-
-        path = str(find_default_gguf())
-    target, tokenizer = load_target(path, dtype=dtype, **_kernels(args))
+    # `load_pair`'s target: the default one in fp32 on CPU, as `generate` runs it.
+    target, tokenizer = load_target(args.model, dtype=dtype, **_kernels(args))
     layers = args.draft_layers or 1
     make = lambda: draft_for_target(
         target.model,
         target.num_layers,
         num_layers=layers,
-        block_size=args.block_size,
+        block_size=block_size_for(args.block_size, None),
         dtype=dtype or mx.float32,
     )
-    return target, tokenizer, Path(path).name, make
+    return target, tokenizer, model_name(args.model), make
 
 
 def make_arms(args, target, vocab, make_draft):
     arms = []
+    block = block_size_for(args.block_size, None)  # lookup and engine arms
     for spec in args.draft:
         if spec == "lookup":
-            arms.append(
-                Arm("lookup", lambda ref: PromptLookupDrafter(), args.block_size)
-            )
+            arms.append(Arm("lookup", lambda ref: PromptLookupDrafter(), block))
         elif spec == "engine":
             draft = make_draft()
             target.set_capture_layers(draft.args.target_layer_ids)
@@ -236,7 +240,7 @@ def make_arms(args, target, vocab, make_draft):
                         target,
                         ref,
                         tau=tau,
-                        block_size=args.block_size,
+                        block_size=block,
                         vocab_size=vocab,
                         seed=args.seed,
                     )
@@ -245,27 +249,27 @@ def make_arms(args, target, vocab, make_draft):
                     Arm(
                         f"engine τ={tau:g}",
                         make,
-                        args.block_size,
+                        block,
                         tau_target=tau,
                         calibrate=True,
                     )
                 )
         else:
-            from ..load import make_drafter
-
+            # As `load_pair` loads it for `generate` and `serve`: the drafter
+            # in the device's dtype, the flag's block size over its own.
             dtype = getattr(mx, args.dtype) if args.dtype else None
             path, _, q = spec.partition("@q")
-            drafter, native = make_drafter(
+            drafter, native, _ = load_drafter(
                 path, target, dtype=dtype, quantize=int(q) if q else None
             )
-            block = native or args.block_size
             if isinstance(drafter, DFlashDrafter):
                 # Fresh drafter state around the weights loaded once.
                 make = lambda ref, d=drafter.draft: DFlashDrafter(d, target)
             else:
-                make = lambda ref, spec=spec: make_drafter(spec, target)[0]
+                make = lambda ref, path=path: load_drafter(path, target)[0]
 
-            arms.append(Arm(Path(path).name + (f"@q{q}" if q else ""), make, block))
+            name = Path(path).name + (f"@q{q}" if q else "")
+            arms.append(Arm(name, make, block_size_for(args.block_size, native)))
     if args.fallback:
         for arm in arms:
             arm.fallback = Fallback()
@@ -350,7 +354,7 @@ def sampling_settings(args) -> List[SamplingParams]:
 
 
 def run(args, argv) -> dict:
-    if args.block_size < 2:
+    if args.block_size is not None and args.block_size < 2:
         raise ValueError(f"--block-size must be >= 2, got {args.block_size}")
     samplings = sampling_settings(args)
     target, tokenizer, label, make_draft = load(args)
@@ -391,8 +395,10 @@ def run(args, argv) -> dict:
     finally:
         stop()
     settings = {k: v for k, v in vars(args).items()}
+    sizes = sorted({a.block_size for a in arms})
     settings.update(
         target=label,
+        block_size=sizes[0] if len(sizes) == 1 else sizes,
         arms=[a.name for a in arms],
         draft_layers=args.draft_layers,
         greedy=all(sp.greedy for sp in samplings),
@@ -405,8 +411,9 @@ def run(args, argv) -> dict:
             "min_p, top_k), mx.random.seed(seed + repeat))"
         ),
     )
+    blocks = ",".join(str(b) for b in sizes)
     results = {
-        "title": args.title or f"mlx-dflash bench: {label}, block {args.block_size}",
+        "title": args.title or f"mlx-dflash bench: {label}, block {blocks}",
         "settings": settings,
         "environment": report.environment(),
         "cases": results,

@@ -93,6 +93,13 @@ class EngineDrafter:
         self.dflash.trim(n)
         self.oracle.trim(n)
 
+    def state(self):
+        return {"dflash": self.dflash.state(), "oracle": self.oracle.state()}
+
+    def load_state(self, state):
+        self.dflash.load_state(state["dflash"])
+        self.oracle.load_state(state["oracle"])
+
     def propose(self, anchor: int, n: int) -> mx.array:
         drafted = self.dflash.propose(anchor, n)
         tokens = self.oracle.propose(anchor, n).astype(mx.uint32)

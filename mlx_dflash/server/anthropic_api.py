@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BeforeValidator, Discriminator, Field, Tag
 
+from ..sampling import SamplingParams
 from .common import (
     APIError,
     Finish,
@@ -306,10 +307,9 @@ def make_router(engine: Engine) -> APIRouter:
             Job(
                 prompt=prompt,
                 max_tokens=max_tokens,
-                temperature=temp,
-                top_p=req.top_p or 1.0,
-                top_k=req.top_k or 0,
-                engine=engine.engine_name(temp),
+                sampling=SamplingParams(
+                    temperature=temp, top_p=req.top_p or 1.0, top_k=req.top_k or 0
+                ),
                 think_budget=_think_budget(req),
             ),
             request,

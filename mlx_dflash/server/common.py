@@ -335,5 +335,5 @@ def engine_info(engine: Engine, usage: dict) -> dict:
 
 
 def engine_headers(engine: Engine, job: Job) -> dict:
-    drafter = engine.drafter_name if job.engine.startswith("speculative") else "none"
+    drafter = engine.drafter_name if job.speculative else "none"
     return {"x-mlx-dflash-engine": job.engine, "x-mlx-dflash-drafter": drafter}

@@ -7,7 +7,6 @@ longer than `stall_seconds`, passed its deadline, or the server shuts down.
 """
 
 import asyncio
-import copy
 import dataclasses
 import logging
 import queue
@@ -15,10 +14,9 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import mlx.core as mx
-from mlx_lm.models.cache import trim_prompt_cache
 
 from ..decode import Cancelled, generate_step, prefill
 from ..device import backend, device_info
@@ -27,7 +25,7 @@ from ..memory import available_memory, check_memory, memory_model
 from ..sampling import SamplingParams
 from ..stats import SpecStats
 from .metrics import Metrics
-from .prompt_cache import PointRecorder, PromptCache, load_drafter, save_drafter
+from .prompt_cache import PromptCache
 from .think import ThinkBudget, opens_think
 
 log = logging.getLogger("mlx_dflash.server")
@@ -85,17 +83,25 @@ class Event:
     logprobs: List[TokenLogprob] = field(default_factory=list)
 
 
+def engine_name(speculative: bool, greedy: bool) -> str:
+    """What serves a request, as the x-mlx-dflash-engine header and the metrics
+    name it: speculative (block > 1) or the target alone, greedy or sampling.
+
+    Both are exact: greedy equals the target's argmax decoding, and
+    speculative sampling is distributed exactly as sampling the target.
+    """
+    mode = "greedy" if greedy else "sampling"
+    return f"{'speculative' if speculative else 'target'}-{mode}"
+
+
 @dataclass
 class Job:
     prompt: List[int]
     max_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    seed: Optional[int] = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    # Speculative decoding or the target alone (None: the engine's, block > 1).
+    speculative: Optional[bool] = None
     logprobs: Optional[int] = None  # None, or how many top entries per token
-    engine: str = ""
     cache_key: Optional[str] = None  # prompt-cache namespace (the client's API key)
     text: Optional[str] = None  # the rendered chat the prompt encodes (chat APIs)
     # Reasoning tokens allowed before the engine closes the think block (think.py).
@@ -111,6 +117,10 @@ class Job:
     # loop has taken: each has one writer, so `taken` indexes the oldest unread.
     emit_times: List[float] = field(default_factory=list)
     taken: int = 0
+
+    @property
+    def engine(self) -> str:
+        return engine_name(bool(self.speculative), self.sampling.greedy)
 
     @property
     def emitted(self) -> int:
@@ -166,7 +176,9 @@ class Engine:
         # time (a fast tokenizer must not be used by two threads at once).
         self.text_pool = ThreadPoolExecutor(1, thread_name_prefix="mlx-dflash-text")
         self.prompt_cache = (
-            PromptCache(config.prompt_cache_bytes)
+            PromptCache(
+                config.prompt_cache_bytes, point_tokens=config.reply_point_tokens
+            )
             if config.prompt_cache_bytes > 0
             else None
         )
@@ -264,13 +276,8 @@ class Engine:
     # ---- requests --------------------------------------------------------------
 
     def engine_name(self, temperature: float) -> str:
-        """What serves a request: speculative (block > 1) or plain, greedy or sampling.
-
-        Both are exact: greedy equals the target's argmax decoding, and
-        speculative sampling is distributed exactly as sampling the target.
-        """
-        mode = "greedy" if temperature == 0 else "sampling"
-        return f"{'speculative' if self.block_size > 1 else 'target'}-{mode}"
+        """`engine_name` of this engine's requests at `temperature`."""
+        return engine_name(self.block_size > 1, temperature == 0)
 
     def temperature(self, requested: Optional[float], api_default: float) -> float:
         """The request's temperature, else `--default-temperature`, else the API's."""
@@ -307,7 +314,8 @@ class Engine:
         """Queue `job`; raises `ShuttingDown` once `close` has been called."""
         job.loop = asyncio.get_running_loop()
         job.events = asyncio.Queue()
-        job.engine = job.engine or self.engine_name(job.temperature)
+        if job.speculative is None:
+            job.speculative = self.block_size > 1
         if self.config.request_timeout is not None:
             job.deadline = time.monotonic() + self.config.request_timeout
         with self._lock:
@@ -327,39 +335,21 @@ class Engine:
         the job's prompt, and the prompt to run (see `PromptCache.fetch`)."""
         hit = None
         if self.prompt_cache is not None:
-            hit = self.prompt_cache.fetch(
-                job.prompt, job.cache_key, text=job.text, encode=self._encode
+            hit = self.prompt_cache.restore(
+                job.prompt,
+                self.drafter,
+                job.cache_key,
+                text=job.text,
+                encode=self._encode,
             )
         if hit is None:
             self.metrics.cache_misses.inc()
             return self.target.make_cache(), 0, list(job.prompt)
-        load_drafter(self.drafter, hit.drafter_state)
-        if hit.trim:
-            self.drafter.trim(hit.trim)
         self.metrics.cache_hits.inc()
         return hit.cache, hit.n, hit.prompt
 
     def _encode(self, text: str) -> List[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
-
-    def _keep(
-        self, job: Job, tokens: Sequence[int], cache, *, copy_state=False, reply=None
-    ):
-        """Store `cache` + the drafter's state (both holding `tokens`) for reuse.
-
-        `reply`: the PointRecorder of a finished answer (its text and points).
-        """
-        if self.prompt_cache is None or not tokens:
-            return
-        if copy_state:
-            cache = copy.deepcopy(cache)
-        state = save_drafter(self.drafter, copy_state=copy_state)
-        text, points = "", []
-        if reply is not None:
-            text, points = reply
-        self.prompt_cache.insert(
-            tokens, cache, state, job.cache_key, text=text, points=points
-        )
 
     def _think_budget(self, job: Job) -> Optional[ThinkBudget]:
         tok = self.tokenizer
@@ -379,49 +369,33 @@ class Engine:
         if len(prompt) != len(job.prompt):  # the previous reply's own ids
             room = (self.config.max_context or len(prompt) + 1) - len(prompt)
             job.max_tokens = max(1, min(job.max_tokens, room))
-        trimmable = all(c.is_trimmable() for c in cache)
+        pc, key = self.prompt_cache, job.cache_key
         should_stop = lambda: self._should_stop(job)  # noqa: E731
         tic = time.perf_counter()
         run_from = cached
         context = prompt  # what this segment of the output continues
         try:
-            if (
-                self.prompt_cache is not None
-                and not trimmable
-                and cached < len(prompt) - 1
-            ):
-                # An untrimmable (GatedDeltaNet) cache can't be cut back later, so
-                # keep a snapshot of prompt[:-1]: it serves retries of this prompt
-                # and follow-ups whose history differs from our raw output.
+            snapshot = None
+            if pc is not None:
+                snapshot = pc.snapshot_at(cache, cached, len(prompt))
+            if snapshot is not None:
                 prefill(
                     target,
                     cache,
                     self.drafter,
-                    prompt[:-1],
+                    prompt[:snapshot],
                     cached=cached,
                     step_size=self.config.prefill_step_size,
                     should_stop=should_stop,
                 )
-                run_from = len(prompt) - 1
-                self._keep(job, prompt[:-1], cache, copy_state=True)
-            speculative = job.engine.startswith("speculative")
+                run_from = snapshot
+                pc.snapshot(prompt[:snapshot], cache, self.drafter, key)
+            speculative = job.speculative
             stats = SpecStats(self.block_size if speculative else 1)
-            sampling = None
-            if job.temperature > 0:
-                sampling = SamplingParams(
-                    temperature=job.temperature,
-                    top_p=job.top_p,
-                    top_k=job.top_k,
-                    min_p=job.min_p,
-                    seed=job.seed,
-                )
+            sampling = None if job.sampling.greedy else job.sampling
             think = self._think_budget(job)
             detok = tok.detokenizer
-            points = None
-            if self.prompt_cache is not None and job.text is not None:
-                points = PointRecorder(
-                    cache, len(prompt), job.text, self.config.reply_point_tokens
-                )
+            points = None if pc is None else pc.recorder(cache, len(prompt), job.text)
             out: List[int] = []
             pending: List[TokenLogprob] = []
             cancelled = started = False
@@ -447,7 +421,9 @@ class Engine:
                 context = prompt + out
                 if out and sampling is not None and sampling.seed is not None:
                     # A seeded job's later segments must not replay its first keys.
-                    sampling = dataclasses.replace(sampling, seed=job.seed + len(out))
+                    sampling = dataclasses.replace(
+                        sampling, seed=job.sampling.seed + len(out)
+                    )
                 steps = generate_step(
                     target,
                     context,
@@ -497,7 +473,8 @@ class Engine:
         except Cancelled as e:
             # Stopped mid-prefill: the chunks already run are a valid prefix
             # (a retry of an abandoned request starts from there).
-            self._keep(job, context[: e.filled], cache)
+            if pc is not None:
+                pc.keep(context[: e.filled], cache, self.drafter, key)
             self._refuse(job)
             return
         gen_s = max(time.perf_counter() - tic, 1e-9)
@@ -508,24 +485,20 @@ class Engine:
 
         if cancelled:
             finish = "cancelled"
-            if trimmable and cache:
-                # Keep the prefix: an agent's next turn after a cancel (Esc in
-                # Claude Code) shares it. The cache may hold a few tokens past
-                # `out` (the rest of the verify cycle); trim them off.
-                extra = cache[0].offset - (len(prompt) + len(out) - 1)
-                assert extra >= 0, extra
-                if extra:
-                    trim_prompt_cache(cache, extra)
-                    self.drafter.trim(extra)
-                self._keep(job, prompt + out[:-1], cache)
+            if pc is not None:
+                pc.keep_cancelled(prompt + out[:-1], cache, self.drafter, key)
         else:
             finish = "stop" if out and out[-1] in eos else "length"
             # The cache and drafter now hold exactly prompt + out[:-1].
-            reply = None
-            if points is not None:
-                n = len(prompt) + len(out) - 1
-                reply = points.end(n, whole=finish == "stop")
-            self._keep(job, prompt + out[:-1], cache, reply=reply)
+            if pc is not None:
+                pc.keep_finished(
+                    prompt + out[:-1],
+                    cache,
+                    self.drafter,
+                    key,
+                    points=points,
+                    stopped=finish == "stop",
+                )
         usage = {
             "prompt_tokens": len(prompt),
             "cached_tokens": cached,

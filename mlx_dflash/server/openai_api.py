@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BeforeValidator, Field, field_validator
 
+from ..sampling import SamplingParams
 from .common import (
     EFFORT_THINKING,
     APIError,
@@ -269,13 +270,14 @@ def make_router(engine: Engine) -> APIRouter:
             Job(
                 prompt=prompt,
                 max_tokens=max_tokens,
-                temperature=temp,
-                top_p=req.top_p or 1.0,
-                top_k=req.top_k or 0,
-                min_p=req.min_p or 0.0,
-                seed=req.seed,
+                sampling=SamplingParams(
+                    temperature=temp,
+                    top_p=req.top_p or 1.0,
+                    top_k=req.top_k or 0,
+                    min_p=req.min_p or 0.0,
+                    seed=req.seed,
+                ),
                 logprobs=logprobs,
-                engine=engine.engine_name(temp),
             ),
             request,
         )

@@ -9,6 +9,11 @@ evicted least recently used first to stay within a byte budget. Each entry
 belongs to one key (the client's API key): a client reuses, and its
 `cached_tokens` reveal, only prompts sent with the same key.
 
+The engine asks this module what to keep: `restore` before a generation,
+`snapshot_at`/`snapshot` for the untrimmable prompt[:-1] snapshot, and
+`keep_finished`, `keep_cancelled` or `keep` (a prefill stopped part way)
+after it. Drafters go in and out through their `state()` / `load_state()`.
+
 A turn's reply is reused by text, not by token ids: the next turn's prompt
 renders the reply as text, and a BPE tokenizer need not split that text
 into the ids the model generated (nor does an untrimmable cache survive the
@@ -27,8 +32,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-# Plain-data attributes that hold a drafter's committed context (see drafters.py).
-_DRAFTER_STATE = ("cache", "tokens", "length", "cycle")
+from mlx_lm.models.cache import trim_prompt_cache
 
 # Claude Code puts a per-request nonce line in system[0] and a changing
 # `<total_tokens>` marker in reminders; either one at the front of the prompt
@@ -41,16 +45,6 @@ _TOTAL_TOKENS = re.compile(r"<total_tokens>.*?</total_tokens>\n?", re.DOTALL)
 def normalize_text(text: str) -> str:
     """Drop the Claude Code billing-header line and `<total_tokens>…</total_tokens>`."""
     return _TOTAL_TOKENS.sub("", _BILLING.sub("", text))
-
-
-def save_drafter(drafter, *, copy_state: bool) -> dict:
-    state = {k: getattr(drafter, k) for k in _DRAFTER_STATE if hasattr(drafter, k)}
-    return copy.deepcopy(state) if copy_state else state
-
-
-def load_drafter(drafter, state: dict):
-    for k, v in state.items():
-        setattr(drafter, k, v)
 
 
 def _nbytes(obj) -> int:
@@ -108,10 +102,14 @@ class Hit:
 
 
 class PromptCache:
-    """LRU store of (tokens -> target cache + drafter state) within `max_bytes`."""
+    """LRU store of (tokens -> target cache + drafter state) within `max_bytes`.
 
-    def __init__(self, max_bytes: int):
+    `point_tokens`: reply tokens between the cut points of a chat reply.
+    """
+
+    def __init__(self, max_bytes: int, *, point_tokens: int = 256):
         self.max_bytes = max_bytes
+        self.point_tokens = point_tokens
         self._entries: "OrderedDict[int, Entry]" = OrderedDict()
         self._next = 0
 
@@ -200,6 +198,105 @@ class PromptCache:
 
     def clear(self):
         self._entries.clear()
+
+    # ---- what the engine keeps around a generation -------------------------------
+
+    def restore(
+        self,
+        prompt: Sequence[int],
+        drafter,
+        key: Optional[str] = None,
+        *,
+        text: Optional[str] = None,
+        encode: Optional[Callable[[str], List[int]]] = None,
+    ) -> Optional[Hit]:
+        """`fetch`, with `drafter` put in the hit's state (holding `prompt[:hit.n]`)."""
+        hit = self.fetch(prompt, key, text=text, encode=encode)
+        if hit is not None:
+            drafter.load_state(hit.drafter_state)
+            if hit.trim:
+                drafter.trim(hit.trim)
+        return hit
+
+    def keep(
+        self,
+        tokens: Sequence[int],
+        cache: List[Any],
+        drafter,
+        key: Optional[str] = None,
+        *,
+        copy_state: bool = False,
+        reply: Optional[Tuple[str, List[Point]]] = None,
+    ):
+        """Store `cache` + the drafter's state (both holding `tokens`) for reuse.
+
+        `copy_state`: store copies (the caller goes on using both).
+        `reply`: `PointRecorder.end()` of a finished answer (its text and points).
+        """
+        if not tokens:
+            return
+        state = drafter.state()
+        if copy_state:
+            cache, state = copy.deepcopy(cache), copy.deepcopy(state)
+        text, points = reply if reply is not None else ("", [])
+        self.insert(tokens, cache, state, key, text=text, points=points)
+
+    def snapshot_at(
+        self, cache: List[Any], cached: int, prompt_len: int
+    ) -> Optional[int]:
+        """How many prompt tokens to run and `snapshot` before the answer, or None.
+
+        An untrimmable (GatedDeltaNet) cache can't be cut back later, so a copy
+        at prompt[:-1] serves retries of this prompt and follow-ups whose
+        history differs from our raw output.
+        """
+        trimmable = all(c.is_trimmable() for c in cache)
+        return None if trimmable or cached >= prompt_len - 1 else prompt_len - 1
+
+    def snapshot(self, tokens: Sequence[int], cache: List[Any], drafter, key=None):
+        """Store copies of `cache` and the drafter (at `snapshot_at`'s length)."""
+        self.keep(tokens, cache, drafter, key, copy_state=True)
+
+    def recorder(
+        self, cache: List[Any], prompt_len: int, text: Optional[str]
+    ) -> Optional["PointRecorder"]:
+        """The cut-point recorder of a chat reply (None: no text to reuse it by)."""
+        if text is None:
+            return None
+        return PointRecorder(cache, prompt_len, text, self.point_tokens)
+
+    def keep_finished(
+        self,
+        tokens: Sequence[int],
+        cache: List[Any],
+        drafter,
+        key: Optional[str] = None,
+        *,
+        points: Optional["PointRecorder"] = None,
+        stopped: bool = False,
+    ):
+        """Keep a finished generation; `tokens` = prompt + reply[:-1], which the
+        cache and drafter hold. `stopped`: it ended with a stop token."""
+        reply = None if points is None else points.end(len(tokens), whole=stopped)
+        self.keep(tokens, cache, drafter, key, reply=reply)
+
+    def keep_cancelled(
+        self, tokens: Sequence[int], cache: List[Any], drafter, key: Optional[str] = None
+    ):
+        """Keep a cancelled generation's prompt + reply[:-1] (`tokens`): an agent's
+        next turn after a cancel (Esc in Claude Code) shares it.
+
+        The cache may hold a few tokens past them (the rest of the verify
+        cycle); they are trimmed off. An untrimmable cache is not kept.
+        """
+        if not cache or not all(c.is_trimmable() for c in cache):
+            return
+        extra = cache[0].offset - len(tokens)
+        assert extra >= 0, extra
+        if extra:
+            trim_prompt_cache(cache, extra)
+            drafter.trim(extra)
+        self.keep(tokens, cache, drafter, key)
 
 
 def _cut(entry: Entry, n: int) -> List[Any]:

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import Field, model_validator
 
+from ..sampling import SamplingParams
 from .common import (
     APIError,
     Finish,
@@ -554,9 +555,7 @@ def make_router(engine: Engine, *, store_size: int = STORE_SIZE) -> APIRouter:
             Job(
                 prompt=prompt,
                 max_tokens=max_tokens,
-                temperature=temp,
-                top_p=req.top_p or 1.0,
-                engine=engine.engine_name(temp),
+                sampling=SamplingParams(temperature=temp, top_p=req.top_p or 1.0),
             ),
             request,
         )

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from ..draft import DEFAULT_BLOCK_SIZE
 from .trainer import TrainArgs
 
 # SmolLM2's `<empty_output>` (id 16): a Jupyter-notebook control token that the
@@ -146,7 +147,7 @@ def build_parser(parser=None):
 def load_target(model, dtype=None):
     from ..load import load_target as _load
 
-    # model None: the default target as `generate` loads it (fp32 on CPU).
+    # `load_pair`'s target; model None: the default one in fp32 on CPU.
     return _load(model, dtype=None if dtype is None else getattr(mx, dtype))
 
 
@@ -176,7 +177,7 @@ def held_out_tau(target, tokenizer, draft, a) -> dict:
         draft,
         prompts,
         max_tokens=a.eval_max_tokens,
-        block_size=16,
+        block_size=DEFAULT_BLOCK_SIZE,
         stop_tokens=sorted(tokenizer.eos_token_ids),
     )
     tau = "n/a" if stats.tau is None else f"{stats.tau:.2f}"
@@ -197,16 +198,13 @@ def held_out_tau(target, tokenizer, draft, a) -> dict:
 
 def eval_only(a):
     """The drafter in --out (default: the shipped one) as `generate` runs it."""
-    from ..device import backend, device_info, draft_dtype
-    from ..draft import load_draft
-    from ..load import DEFAULT_DRAFT
+    from ..load import DEFAULT_DRAFT, load_pair
 
     path = Path(a.out or DEFAULT_DRAFT)
-    target, tokenizer = load_target(a.model, a.dtype)
-    requested = getattr(mx, a.dtype) if a.dtype else None
-    policy = draft_dtype(device_info(), backend(), requested=requested)
-    draft = load_draft(path, target=target, dtype=policy.dtype)
-    result = {"draft": str(path), **held_out_tau(target, tokenizer, draft, a)}
+    dtype = getattr(mx, a.dtype) if a.dtype else None
+    pair = load_pair(a.model, str(path), dtype=dtype)
+    tau = held_out_tau(pair.target, pair.tokenizer, pair.drafter.draft, a)
+    result = {"draft": str(path), **tau}
     print(json.dumps(result))
     return result
 

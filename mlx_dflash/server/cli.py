@@ -1,0 +1,235 @@
+"""`mlx-dflash serve`: an OpenAI- and Anthropic-compatible HTTP server.
+
+Also `python -m mlx_dflash.serve` (mlx_dflash/serve.py, a shim).
+"""
+
+import argparse
+import logging
+import signal
+from pathlib import Path
+from typing import List, Optional
+
+import uvicorn
+
+from ..drafters import DFlashDrafter
+from ..load import (
+    add_engine_args,
+    check_engine_args,
+    draft_spec,
+    engine_options,
+    model_name,
+    one_line_errors,
+)
+from .app import MAX_REQUEST_BYTES
+
+
+def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    add_engine_args(parser)
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="bind address (default loopback only)"
+    )
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--served-model-name",
+        default=None,
+        help="model id reported by /v1/models (default: the --model name)",
+    )
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help="require a key (Bearer or x-api-key) on every route but /health: "
+        "one key, a comma-separated list, or a file with one key per line. "
+        "Each key has its own prompt-cache entries",
+    )
+    parser.add_argument(
+        "--prompt-cache-bytes",
+        type=int,
+        default=4 << 30,
+        help="byte budget of the cross-request prompt cache (0 disables it)",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=4096,
+        help="default max_tokens when an OpenAI request names none",
+    )
+    parser.add_argument(
+        "--default-temperature",
+        type=float,
+        default=None,
+        help="temperature of requests that name none (default: 1.0, as the "
+        "OpenAI and Anthropic APIs document). 0 makes such requests greedy: "
+        "deterministic and the fastest speculative path. Sampling is exact "
+        "either way (speculative sampling matches the target's distribution)",
+    )
+    parser.add_argument(
+        "--max-context",
+        type=int,
+        default=None,
+        help="reject longer prompts (default: the model's max positions)",
+    )
+    parser.add_argument(
+        "--max-memory-gb",
+        type=float,
+        default=None,
+        help="answer 400 to requests whose estimated memory (weights + caches) "
+        "exceeds this (default: what the device has free)",
+    )
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=None,
+        help="end requests that take longer than this many seconds, queueing "
+        "included, with a timeout error (default: no limit)",
+    )
+    parser.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=30.0,
+        help="cancel a stream whose client has read nothing for this many "
+        "seconds while output waits (default 30)",
+    )
+    parser.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=MAX_REQUEST_BYTES,
+        help=f"answer 413 to larger request bodies (default {MAX_REQUEST_BYTES >> 20} MiB)",
+    )
+    parser.add_argument("--log-level", default="info")
+    return parser
+
+
+def read_api_keys(value: Optional[str]) -> List[str]:
+    """`--api-key`: a file of keys (one per line, # comments) or a comma list."""
+    if not value:
+        return []
+    path = Path(value).expanduser()
+    if path.is_file():
+        try:
+            lines = path.read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"--api-key file {path}: {e}") from None
+        keys = [k.strip() for k in lines if k.strip() and not k.startswith("#")]
+        if not keys:
+            raise ValueError(f"--api-key file {path} holds no keys")
+        return keys
+    return [k.strip() for k in value.split(",") if k.strip()]
+
+
+class Server(uvicorn.Server):
+    """uvicorn, but SIGTERM/SIGINT first end every generation.
+
+    uvicorn alone waits for open streams to finish (a 32k-token answer), and
+    re-raises the signal afterwards. Here the engine ends running and queued
+    jobs, so streams close with the API's own error event, uvicorn's
+    connections drain within moments, and the process exits 0. A second
+    SIGINT still forces the exit.
+    """
+
+    def __init__(self, config: uvicorn.Config, engine):
+        super().__init__(config)
+        self.engine = engine
+
+    def handle_exit(self, sig, frame):
+        self.engine.close()
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+        self.should_exit = True
+
+
+def make_provider(args):
+    """Loads on the generation thread: MLX streams belong to their thread."""
+
+    def provider():
+        from ..device import backend, device_info, traps
+        from ..load import load_pair
+
+        log = logging.getLogger("mlx_dflash.server")
+        options = engine_options(args)
+        pair = load_pair(args.model, args.draft, **options)
+        if isinstance(pair.drafter, DFlashDrafter):
+            log.info(
+                "drafter dtype %s: %s", pair.draft_dtype.name, pair.draft_dtype.reason
+            )
+        for trap in traps(device_info(), backend(), dtype=options["dtype"]):
+            log.warning(trap)
+        return pair.target, pair.tokenizer, pair.drafter, pair.block_size
+
+    return provider
+
+
+def main(argv=None):
+    parser = build_parser(
+        argparse.ArgumentParser(
+            prog="mlx-dflash serve",
+            description="Serve a model with DFlash speculative decoding over the OpenAI "
+            "and Anthropic HTTP APIs.",
+        )
+    )
+    args = parser.parse_args(argv)
+    if args.default_temperature is not None and args.default_temperature < 0:
+        parser.error("--default-temperature must be >= 0")
+    for flag in ("request_timeout", "stall_timeout", "max_request_bytes"):
+        value = getattr(args, flag)
+        if value is not None and value <= 0:
+            parser.error(f"--{flag.replace('_', '-')} must be > 0")
+    with one_line_errors(parser):
+        api_keys = read_api_keys(args.api_key)
+        check_engine_args(args)
+        args.draft = draft_spec(args.model, args.draft)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+    from ..fallback import Fallback
+    from . import Engine, EngineConfig, create_app
+
+    config = EngineConfig(
+        model_name=args.served_model_name or model_name(args.model),
+        prompt_cache_bytes=args.prompt_cache_bytes,
+        max_context=args.max_context,
+        prefill_step_size=args.prefill_step_size,
+        default_max_tokens=args.max_tokens,
+        default_temperature=args.default_temperature,
+        fallback=None if args.no_fallback else Fallback(),
+        chat_template_args=args.chat_template_args,
+        max_memory=(
+            None if args.max_memory_gb is None else int(args.max_memory_gb * 1e9)
+        ),
+        request_timeout=args.request_timeout,
+        stall_seconds=args.stall_timeout,
+    )
+    with one_line_errors(parser):
+        engine = Engine(make_provider(args), config).start()
+    logging.getLogger("mlx_dflash.server").info(
+        "serving %s (drafter %s, block %d, default temperature %s) on http://%s:%d",
+        config.model_name,
+        engine.drafter_name,
+        engine.block_size,
+        (
+            "per API (1.0)"
+            if args.default_temperature is None
+            else args.default_temperature
+        ),
+        args.host,
+        args.port,
+    )
+    app = create_app(
+        engine, api_key=api_keys, max_request_bytes=args.max_request_bytes
+    )
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level.lower(),
+        timeout_graceful_shutdown=5,
+    )
+    try:
+        Server(config, engine).run()
+    finally:
+        engine.stop(timeout=5)
+
+
+if __name__ == "__main__":
+    main()
