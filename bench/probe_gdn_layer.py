@@ -11,7 +11,8 @@ import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache
 from mlx_lm.models.qwen3_5 import GatedDeltaNet, TextModelArgs
 
-from mlx_dflash.gdn import FastGatedDeltaNet, gated_delta_cuda
+from mlx_dflash.kernels.cuda import CudaKernels
+from mlx_dflash.kernels.gdn import BlockDelta, gated_delta_cuda
 
 
 def timeit(fn, reps=30):
@@ -46,7 +47,7 @@ def main():
     mx.eval(stock.parameters())
     fast = GatedDeltaNet(args)
     fast.update(stock.parameters())
-    fast.__class__ = FastGatedDeltaNet
+    fast = BlockDelta(fast, CudaKernels())
     stock.eval()
     fast.eval()
     out = {}

@@ -15,7 +15,7 @@ import time
 
 import mlx.core as mx
 
-from mlx_dflash.linear import block_matmul
+from mlx_dflash.kernels.matmul import block_matmul
 
 SHAPES = {  # Qwen3-8B: hidden 4096, 32 q / 8 kv heads of 128, MLP 12288, vocab 151936
     "q_o": (4096, 4096),

@@ -22,7 +22,7 @@ import time
 
 import mlx.core as mx
 
-from mlx_dflash import linear
+from mlx_dflash.kernels import matmul as linear
 
 # ld.global.nc with L1 no-allocate and a 256-byte L2 prefetch: weights are
 # streamed once per launch.

@@ -9,6 +9,7 @@ so the draft never rolls back: it only appends committed context.
 """
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -19,11 +20,8 @@ from mlx.nn.layers.activations import silu
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
-from . import flash
-from .attention import block_attention, default_from_keys
 from .cache import BucketKVCache
-from .layer import fits, fused, linears, qk_norms
-from .linear import fusable
+from .kernels.attention import block_attention
 
 # The verify block of z-lab's drafters and ours; a config without one has it,
 # and so does a drafter without a preference (`load.block_size_for`).
@@ -172,10 +170,9 @@ class DraftAttention(nn.Module):
         self.window = args.sliding_window if sliding else None
         # As in z-lab's reference: sliding layers are causal unless told otherwise.
         self.causal = sliding if args.is_causal is None else bool(args.is_causal)
-        # From this many keys the block attends with plain ops (attention.py).
-        self.from_keys = default_from_keys(None)
-        # flash.py's Params (None: these layers take the ops path only).
-        self.flash = flash.params(self)
+        # From this many keys the block attends with plain ops
+        # (kernels/attention.py); the drafter's block path sets it.
+        self.from_keys = math.inf
 
     def kv(self, x: mx.array, offset: int):
         B, L, _ = x.shape
@@ -250,30 +247,9 @@ class DraftLayer(nn.Module):
             args.hidden_size, eps=args.rms_norm_eps
         )
 
-    def __call__(self, x: mx.array, cache: KVCache, kernel: bool = False) -> mx.array:
-        if kernel and self._fits(x, cache):
-            # CUDA: four linear.py launches around flash.py's attention; the
-            # block's keys go past the context, where the next commit writes.
-            a = self.self_attn
-            norms = qk_norms(self)
-            return fused(
-                self,
-                x,
-                lambda q, k, v: flash.attend(
-                    a.flash, q, k, v, cache, norms, a.causal, advance=False
-                ),
-            )
+    def __call__(self, x: mx.array, cache: KVCache) -> mx.array:
         h = x + self.self_attn(self.input_layernorm(x), cache)
         return h + self.mlp(self.post_attention_layernorm(h))
-
-    def _fits(self, x, cache) -> bool:
-        a = self.self_attn
-        return (
-            a.window is None
-            and flash.applies(a.flash, x, cache)
-            and fusable(*linears(self))
-            and fits(self, x)
-        )
 
 
 class DFlashDraft(nn.Module):
@@ -302,14 +278,12 @@ class DFlashDraft(nn.Module):
         for layer, c in zip(self.layers, cache):
             layer.self_attn.append_context(ctx, c)
 
-    def __call__(
-        self, block_embeds: mx.array, cache: List[KVCache], kernel: bool = False
-    ) -> mx.array:
+    def __call__(self, block_embeds: mx.array, cache: List[KVCache]) -> mx.array:
         """Normed hidden states of the block; positions start at the cache
-        offset. `kernel`: through the CUDA kernels where they apply."""
+        offset (inside a block path's `Fitting`, through its kernels)."""
         h = block_embeds.astype(self.dtype)
         for layer, c in zip(self.layers, cache):
-            h = layer(h, c, kernel)
+            h = layer(h, c)
         return self.norm(h)
 
 

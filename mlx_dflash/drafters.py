@@ -19,7 +19,6 @@ from typing import List, Optional, Protocol, Sequence
 import mlx.core as mx
 
 from .draft import DFlashDraft
-from .linear import block_linears, plain_linears
 from .sampling import sample_draft
 from .target import Target
 
@@ -53,16 +52,14 @@ class DFlashDrafter:
         self.mask_token_id = draft.args.mask_token_id
         self.block_size = draft.args.block_size
         self.cache = draft.make_cache()
-        # The draft's blocks take the target's choice of kernels: linear.py's,
-        # and with flash.py's attention too, whole layers in fused launches.
-        self._linears = plain_linears(draft) if target.block_linear else []
-        self._kernel = target.block_linear and target.attention_kernel
+        # The draft's blocks take the target's block path (kernels/).
+        self.fitting = target.path.fit_draft(draft)
 
     def start(self, prompt):
         self.cache = self.draft.make_cache()
 
     def commit(self, tokens, features):
-        with block_linears(self._linears):
+        with self.fitting:
             self.draft.append_context(features, self.cache)
         # Start it now: the step that committed pays for it, not the next
         # proposal (whose time the fallback weighs).
@@ -80,8 +77,8 @@ class DFlashDrafter:
 
     def _logits(self, anchor: int, n: int) -> mx.array:
         block = mx.array([[anchor] + [self.mask_token_id] * n])
-        with block_linears(self._linears):
-            h = self.draft(self.target.embed(block), self.cache, self._kernel)
+        with self.fitting:
+            h = self.draft(self.target.embed(block), self.cache)
         return self.target.logits(h[0, 1:])
 
     def propose(self, anchor: int, n: int) -> mx.array:

@@ -18,7 +18,7 @@ from typing import Any, Dict, List
 import mlx.core as mx
 import mlx.nn as nn
 
-from .gdn import gated_delta, recurrence_inputs
+from .kernels.gdn import gated_delta, recurrence_inputs
 from .target import DeltaTaps
 
 
@@ -70,6 +70,16 @@ def _replay_delta(taps: DeltaTaps, c, state0: mx.array, n: int, verified: int):
     a = taps.a._capture.outputs[:, :n]
     b = taps.b._capture.outputs[:, :n]
     _, state = gated_delta(
-        q, k, v, a, b, la.A_log, la.dt_bias, state0, None, use_kernel=not la.training
+        q,
+        k,
+        v,
+        a,
+        b,
+        la.A_log,
+        la.dt_bias,
+        state0,
+        None,
+        use_kernel=not la.training,
+        ops=None if steps is None else steps.ops,
     )
     c[1] = state

@@ -2,7 +2,9 @@
 
 Nothing here patches a class. Taps are small wrapper modules placed on the
 model *instance* (`backbone.layers[i] = Tap(layer)`), so the model's own
-forward loop runs unchanged and other instances are untouched.
+forward loop runs unchanged and other instances are untouched. The block
+kernels are one `kernels.BlockPath`, chosen once; its `Fitting` puts their
+wrappers on the instance only inside `forward`.
 """
 
 from dataclasses import dataclass
@@ -12,18 +14,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
 
-from .attention import default_from_keys, wrap_attention
 from .cache import BucketKVCache
-from .gdn import FastGatedDeltaNet, GatedDeltaNet, StepStates
-from .layer import wrap_layer
-from .linear import (
-    applies,
-    block_matmul,
-    default_block_linear,
-    plain_linears,
-    swap_linears,
-    wrap_mlp,
-)
+from .kernels import BlockPath
 from .wrapper import Wrapper
 
 
@@ -92,23 +84,25 @@ class Target:
           (DFlash `target_layer_ids`); empty for drafters that need none.
         flush_every: with `forward(flush=True)`, start evaluating every n-th
           layer's output while the rest of the graph is still being built.
-          Default: 4 on CUDA, where building and launching a verify graph
-          costs about as long as running it (bench/results/speed.md); off
-          elsewhere.
+          Default: the block path's (4 on CUDA, where building and launching
+          a verify graph costs about as long as running it,
+          bench/results/speed.md; off elsewhere).
         block_attention_from: verify blocks attend with plain ops
-          (attention.py) once they see this many keys, in the layer classes
-          that module mirrors. Default: 4096 on CUDA, where MLX's fused call
-          goes to cuDNN and is slower there; never elsewhere.
+          (kernels/attention.py) once they see this many keys, in the layer
+          classes that module mirrors. Default: 4096 on CUDA, where MLX's
+          fused call goes to cuDNN and is slower there; never elsewhere.
         block_linear: blocks of 2-64 rows (verify blocks, draft blocks) go
-          through the linear layers with one kernel each (linear.py) instead
-          of a cuBLAS call whose host cost exceeds its device time. Default:
-          on CUDA; the kernel exists only there.
-        attention_kernel: verify blocks of the layers attention.py mirrors
-          attend through flash.py's kernels (per-head norms and RoPE in one
-          launch, split-K attention over the valid keys) instead of some 15
-          graph nodes per layer; with `block_linear` too, the DFlash drafters
-          made for this target run their layers the same way. Default: on
-          CUDA; the kernels exist only there.
+          through the linear layers with one kernel each (kernels/matmul.py)
+          instead of a cuBLAS call whose host cost exceeds its device time.
+          Default: on CUDA; the kernel exists only there.
+        attention_kernel: verify blocks of the layers kernels/attention.py
+          mirrors attend through kernels/flash.py (per-head norms and RoPE in
+          one launch, split-K attention over the valid keys) instead of some
+          15 graph nodes per layer; with `block_linear` too, the DFlash
+          drafters made for this target run their layers the same way.
+          Default: on CUDA; the kernels exist only there.
+        block_path: the `kernels.BlockPath` these three switches adjust
+          (default: `BlockPath.choose()`, CUDA's kernels where MLX CUDA is).
     """
 
     def __init__(
@@ -119,6 +113,7 @@ class Target:
         block_attention_from: Optional[int] = None,
         block_linear: Optional[bool] = None,
         attention_kernel: Optional[bool] = None,
+        block_path: Optional[BlockPath] = None,
     ):
         self.model = model
         # Qwen3.5 / VLM-style checkpoints nest the text model one level down.
@@ -140,12 +135,17 @@ class Target:
             )
         self.kinds = [self._kind(_unwrap(l)) for l in self.layers]
         self.delta_taps: dict = {}
-        self._fast_delta: List[nn.Module] = []
         self._layer_taps: List[Tap] = []
         self.set_capture_layers(capture_layers)
         self._install_delta_taps()
+        path = block_path if block_path is not None else BlockPath.choose()
+        self.path = path.but(
+            linear=block_linear,
+            attention=attention_kernel,
+            fold_from=block_attention_from,
+        )
         if flush_every is None:
-            flush_every = 4 if mx.cuda.is_available() else 0
+            flush_every = self.path.flush_every
         every = (
             range(flush_every - 1, self.num_layers, flush_every)
             if flush_every > 0
@@ -154,10 +154,7 @@ class Target:
         self._flush_taps = [self._tap(i) for i in every]
         for t in self._flush_taps:
             t._flush = True
-        self.block_attention_from = default_from_keys(block_attention_from)
-        self.attention_kernel = default_block_linear(attention_kernel)
-        self._install_block_linear(default_block_linear(block_linear))
-        self._install_wrappers()
+        self.fitting = self.path.fit(self)
 
     # ---- structure -------------------------------------------------------------
 
@@ -191,105 +188,43 @@ class Target:
             if kind.mixer != "gated_delta":
                 continue
             la = _unwrap(self.layers[i]).linear_attn
-            # One fused launch per verify block on CUDA (gdn.py); swapped in
-            # only for the duration of `forward`, so the instance stays stock
-            # for everyone else (e.g. the bench's mlx_lm baseline).
-            if mx.cuda.is_available() and type(la) is GatedDeltaNet:
-                self._fast_delta.append(la)
-                la.step_states = StepStates()
             for name in ("conv1d", "in_proj_a", "in_proj_b"):
                 if not isinstance(la[name], Tap):
                     la[name] = Tap(la[name], keep_input=(name == "conv1d"))
             self.delta_taps[i] = DeltaTaps(la, la.conv1d, la.in_proj_a, la.in_proj_b)
 
     def set_block_linear(self, on: Optional[bool]):
-        """Switch the linear.py kernel on or off (None: the default) for later
+        """Switch the linear kernel on or off (None: the default) for later
         forwards and for drafters made after this call."""
-        self._install_block_linear(default_block_linear(on))
-        self._install_wrappers()
+        self._refit(linear=on)
 
     def set_attention_kernel(self, on: Optional[bool]):
         """Switch flash.py's attention on or off (None: the default) for later
-        forwards."""
-        self.attention_kernel = default_block_linear(on)
-        self._install_wrappers()
+        forwards and for drafters made after this call."""
+        self._refit(attention=on)
 
-    def _install_block_linear(self, on: bool):
-        """The plain Linear layers that `forward` makes `BlockLinear`, and the
-        head module (its weight read per call) when `logits` can take the kernel."""
-        self.block_linear = on
-        self._linears, self._block_head = [], None
-        if not on:
-            return
-        self._linears = plain_linears(self.backbone)
-        head = self.lm.get("lm_head", None) or self.embed_tokens
-        if type(head) in (nn.Linear, nn.Embedding) and "bias" not in head:
-            self._block_head = head
+    def _refit(self, **switches):
+        self.path = self.path.but(**switches)
+        self.fitting = self.path.fit(self)
 
-    def _install_wrappers(self):
-        """Wrappers for verify blocks on mirrored instances, put on only inside
-        `forward` so that the instance stays stock: whole decoder layers
-        (layer.py) with the kernel on, else the attention (fold from
-        `block_attention_from` keys, fused q/k/v, flash.py) and the MLP
-        separately."""
-        self._block_layers, self._block_attention, self._block_mlp = [], [], []
-        own = self.block_attention_from != float("inf") or self.attention_kernel
-        kernel = self.attention_kernel
-        for i, layer in enumerate(self.layers):
-            inner = _unwrap(layer)
-            if not isinstance(inner, dict):
-                continue
-            if self.block_linear:
-                wrapped = wrap_layer(inner, self.block_attention_from, kernel)
-                if wrapped is not None:
-                    self._block_layers.append((i, inner, wrapped))
-                    continue
-            attn, mlp = inner.get("self_attn", None), inner.get("mlp", None)
-            if attn is not None and (own or self.block_linear):
-                wrapped = wrap_attention(
-                    attn, self.block_attention_from, self.block_linear, kernel
-                )
-                if wrapped is not None:
-                    self._block_attention.append((inner, attn, wrapped))
-            if mlp is not None and self.block_linear:
-                wrapped = wrap_mlp(mlp)
-                if wrapped is not None:
-                    self._block_mlp.append((inner, mlp, wrapped))
-        # Whole wrapped layers launch their products themselves: no class swap
-        # there (a verify would swap ~250 instances twice for nothing).
-        inside = {id(m) for _, l, _ in self._block_layers for m in plain_linears(l)}
-        self._swapped = [l for l in self._linears if id(l) not in inside]
+    @property
+    def block_linear(self) -> bool:
+        return self.path.linear
 
-    def _put_wrappers(self, on: bool):
-        """Put the forward-only layers and wrappers on the instance, or take
-        them off again."""
-        for la in self._fast_delta:
-            la.__class__ = FastGatedDeltaNet if on else GatedDeltaNet
-        for i, stock, wrapped in self._block_layers:
-            self._put_layer(i, wrapped if on else stock)
-        for layer, stock, wrapped in self._block_attention:
-            layer.self_attn = wrapped if on else stock
-        for layer, stock, wrapped in self._block_mlp:
-            layer.mlp = wrapped if on else stock
-        swap_linears(self._swapped, on)
-
-    def _put_layer(self, i: int, module):
-        """Layer i becomes `module`, under its tap if it has one."""
-        if isinstance(self.layers[i], Tap):
-            self.layers[i].inner = module
-        else:
-            self.layers[i] = module
+    @property
+    def attention_kernel(self) -> bool:
+        return self.path.attention
 
     def make_cache(self, bucket: Optional[bool] = None) -> List[Any]:
         """The model's own cache list, with plain KV caches made bucketed.
 
         Args:
             bucket: use `BucketKVCache` for attention layers (padded key length,
-              explicit mask). Default: on CUDA only, where attention kernels
-              are compiled per key length.
+              explicit mask). Default: the block path's (on CUDA only,
+              where attention kernels are compiled per key length).
         """
         if bucket is None:
-            bucket = mx.cuda.is_available()
+            bucket = self.path.bucket
         if hasattr(self.model, "make_cache"):
             cache = self.model.make_cache()
         else:
@@ -329,15 +264,14 @@ class Target:
             t._capture.on = True
         for t in self._flush_taps:
             t._capture.flush = flush
-        self._put_wrappers(True)
         try:
-            h = self.backbone(tokens, cache)
+            with self.fitting:
+                h = self.backbone(tokens, cache)
         finally:
             for t in taps:
                 t._capture.on = False
             for t in self._flush_taps:
                 t._capture.flush = False
-            self._put_wrappers(False)
         if last_only:
             h = h[:, -1:]
         logits = self.logits(h)
@@ -349,10 +283,9 @@ class Target:
         return logits, features
 
     def logits(self, h: mx.array) -> mx.array:
-        """The LM head on hidden states `h` (`block_matmul` for 2-64 rows)."""
-        if self._block_head is not None and applies(h, self._block_head.weight):
-            return block_matmul(h, self._block_head.weight)
-        return self.head(h)
+        """The LM head on hidden states `h` (one kernel for 2-64 rows where the
+        block path has it)."""
+        return self.fitting.logits(h, self.head)
 
     def embed(self, tokens: mx.array) -> mx.array:
         return self.embed_tokens(tokens)

@@ -7,7 +7,7 @@ from mlx_lm.generate import generate_step as stock_generate_step
 from models import tiny_model
 from test_decode import PROMPT, N, make_drafter, random_dflash, run, setup
 
-from mlx_dflash.attention import BlockAttention, foldable, folded_attention
+from mlx_dflash.kernels.attention import BlockAttention, foldable, folded_attention
 from mlx_dflash.cache import additive, bucket_mask
 from mlx_dflash.draft import block_mask
 from mlx_dflash.target import Target
@@ -50,7 +50,7 @@ def test_greedy_with_folded_block_attention_equals_stock(family, kind):
     """Every verify block attends with plain ops; partial acceptances throughout."""
     model, ref = setup(family)
     target = Target(model, block_attention_from=0)
-    assert len(target._block_attention) == target.num_layers
+    assert len(target.fitting.attention) == target.num_layers
     drafter = make_drafter(kind, target, ref)
     if kind == "dflash":
         for layer in drafter.draft.layers:
@@ -68,7 +68,7 @@ def test_qwen3_moe_with_folded_block_attention_equals_stock():
     model = tiny_model("qwen3_moe")
     ref = [t for t, _ in stock_generate_step(mx.array(PROMPT), model, max_tokens=N)]
     target = Target(model, block_attention_from=0)
-    assert len(target._block_attention) == target.num_layers
+    assert len(target.fitting.attention) == target.num_layers
     drafter = make_drafter("oracle", target, ref)
     out, _ = run(
         target,
@@ -94,14 +94,14 @@ def test_wrapper_is_on_only_inside_forward(family):
 
 def test_unmirrored_layers_are_left_alone():
     model, _ = setup("qwen3_5")  # gated full attention + GatedDeltaNet
-    assert Target(model, block_attention_from=0)._block_attention == []
+    assert Target(model, block_attention_from=0).fitting.attention == []
 
 
 def test_default_is_off_on_cpu():
     model, _ = setup("qwen3")
     if mx.cuda.is_available():
         pytest.skip("the default is on under CUDA")
-    assert Target(model)._block_attention == []
+    assert Target(model).fitting.attention == []
 
 
 def test_draft_folded_equals_fused():

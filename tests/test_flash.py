@@ -11,7 +11,8 @@ import pytest
 from mlx_lm.models import llama, qwen3
 from models import kernel_model
 
-from mlx_dflash import flash
+from mlx_dflash.kernels import flash, rope
+from mlx_dflash.kernels.cuda import CudaKernels
 from mlx_dflash.cache import BucketKVCache
 from mlx_dflash.target import Target
 
@@ -71,7 +72,7 @@ def test_norm_rope_equals_stock_ops(family, head_dim, offset):
     p = flash.params(a)
     qk = (a.q_norm.weight, a.k_norm.weight) if p.eps is not None else (None, None)
     off = mx.array([offset, 1], mx.int32)
-    ours = flash.norm_rope(q, k, v, *qk, off, p)
+    ours = rope.norm_rope(q, k, v, *qk, off, p)
     ref = stock_norm_rope(a, q, k, v, offset)
     for x, y in zip(ours, ref):
         assert x.shape == y.shape and x.dtype == y.dtype
@@ -184,7 +185,9 @@ def test_draft_logits_close_with_and_without_kernels_bf16():
     draft.set_dtype(mx.bfloat16)
     target.set_capture_layers(args.target_layer_ids)
     drafter = DFlashDrafter(draft, target)
-    assert drafter._kernel
+    assert drafter.fitting.layers  # whole layers in fused launches
+    ops_path = target.path.but(attention=False).fit_draft(draft)
+    kernels = drafter.fitting
     cache = target.make_cache(bucket=True)
     tokens = mx.random.randint(0, 1000, (300,)).tolist()
     drafter.start(tokens)
@@ -193,11 +196,11 @@ def test_draft_logits_close_with_and_without_kernels_bf16():
         drafter.commit(chunk, features)
         out = []
         for on in (True, False):
-            drafter._kernel = on
+            drafter.fitting = kernels if on else ops_path
             out.append(drafter._logits(chunk[-1], 15).astype(mx.float32))
         assert np.abs(np.array(out[0] - out[1])).max() < 0.1
         assert (mx.argmax(out[0], -1) == mx.argmax(out[1], -1)).mean().item() > 0.9
-        drafter._kernel = True
+        drafter.fitting = kernels
         drafter._logits(chunk[-1], 15)
 
 
@@ -221,7 +224,8 @@ def test_verify_logits_close_with_and_without_kernels_bf16(family, monkeypatch):
     block = mx.random.randint(0, 1024, (1, 16))
     launches = []
     real = flash.attention
-    monkeypatch.setattr(flash, "attention", lambda *a: launches.append(1) or real(*a))
+    counted = staticmethod(lambda *a: launches.append(1) or real(*a))
+    monkeypatch.setattr(CudaKernels, "attention", counted)
     out = []
     for on in (False, True):
         target = Target(model, attention_kernel=on)

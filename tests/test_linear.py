@@ -1,5 +1,9 @@
-"""Block linear kernel (linear.py): equals the stock product on CUDA; the
-model instance stays stock outside `Target.forward`; off CUDA nothing changes."""
+"""Block linear kernel (kernels/matmul.py): equals the stock product on CUDA;
+the model instance stays stock outside `Target.forward`; off CUDA nothing
+changes; with the backend faked at its one seam (`OpsKernels`), every wrapper
+runs on CPU where CUDA would launch a kernel."""
+
+import math
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -7,15 +11,18 @@ import numpy as np
 import pytest
 from models import kernel_model, tiny_model
 
-from mlx_dflash.linear import (
-    BlockLinear,
+from mlx_dflash.cache import BucketKVCache
+from mlx_dflash.kernels import BlockPath
+from mlx_dflash.kernels.cuda import CudaKernels
+from mlx_dflash.kernels.layer import BlockLayer
+from mlx_dflash.kernels.linear import BlockLinear, plain_linears
+from mlx_dflash.kernels.matmul import (
+    MAX_ROWS,
     applies,
     block_matmul,
     block_matmuls,
     block_swiglu,
-    plain_linears,
 )
-from mlx_dflash.layer import BlockLayer
 from mlx_dflash.target import Target
 
 on_cuda = pytest.mark.skipif(not mx.cuda.is_available(), reason="needs MLX CUDA")
@@ -101,8 +108,8 @@ def test_norm_and_residual_variants(rows):
 
 def test_applies_only_to_tiled_blocks():
     w = mx.zeros((64, 512), mx.bfloat16)
-    ok = mx.cuda.is_available()
-    assert applies(mx.zeros((16, 512), mx.bfloat16), w) == ok
+    if mx.cuda.is_available():
+        assert applies(mx.zeros((16, 512), mx.bfloat16), w)
     assert not applies(mx.zeros((1, 512), mx.bfloat16), w)  # one row: MLX's gemv
     assert not applies(mx.zeros((65, 512), mx.bfloat16), w)  # a prefill chunk
     assert not applies(mx.zeros((16, 512), mx.float32), w.astype(mx.float32))
@@ -116,24 +123,31 @@ def test_applies_only_to_tiled_blocks():
 
 def test_instances_are_stock_outside_forward():
     model = tiny_model("qwen3")
-    target = Target(model, block_linear=True)
-    linears = plain_linears(model.model)
-    assert len(linears) == 7 * len(model.model.layers) and target._linears == linears
     x = mx.array([[1, 2, 3, 4]])
     ref = model(x)
-    logits, _ = target.forward(x, target.make_cache(bucket=False))
-    assert all(type(l) is nn.Linear for l in linears)
-    # Off CUDA every product falls back to the stock one: identical logits.
+    # The plain path (no backend) puts nothing on: the stock logits.
+    plain = Target(model, block_path=BlockPath.choose(None), block_linear=True)
+    assert not (plain.fitting.layers or plain.fitting.slots or plain.block_linear)
+    assert mx.array_equal(plain.forward(x, plain.make_cache())[0], ref).item()
+    # A backend's wrappers sit on the instance only inside forward.
+    target = Target(model, block_path=BlockPath.choose(OpsKernels()))
+    assert len(target.fitting.layers) == len(model.model.layers)
+    target.forward(mx.array([list(range(1, 17))]), target.make_cache(bucket=False))
+    assert target.fitting.ops.calls["residual"] > 0
+    linears = plain_linears(model.model)
+    assert len(linears) == 7 * len(model.model.layers)
+    assert not any(isinstance(l, BlockLayer) for l in model.model.layers)
+    assert not any(isinstance(m, BlockLinear) for _, m in model.named_modules())
     if not mx.cuda.is_available():
-        assert mx.array_equal(logits, ref).item()
+        # The default path off CUDA is the plain one.
+        assert Target(model).fitting.slots == []
 
 
 def test_block_linear_falls_back_for_other_inputs():
     layer = nn.Linear(8, 4)
     x = mx.random.normal((3, 8))
     ref = layer(x)
-    layer.__class__ = BlockLinear
-    assert mx.array_equal(layer(x), ref).item()
+    assert mx.array_equal(BlockLinear(layer, CudaKernels())(x), ref).item()
 
 
 @on_cuda
@@ -151,51 +165,56 @@ def test_verify_logits_close_to_stock_products_bf16():
     assert (mx.argmax(out[0], -1) == mx.argmax(out[1], -1)).mean().item() > 0.9
 
 
-@pytest.fixture
-def kernel_as_ops(monkeypatch):
+def _normed(calls, x, norm):
+    if norm is None:
+        return x
+    calls["norm"] += 1
+    return mx.fast.rms_norm(x, norm[0], norm[1])
+
+
+class OpsKernels(CudaKernels):
     """The kernels' contract written as ops, so CPU tests drive every wrapper
-    (BlockLinear, BlockLayer, fused q/k/v in BlockAttention, BlockMLP, the
-    head) exactly where CUDA would launch a kernel, and count the launches."""
-    import mlx_dflash.attention as attention
-    import mlx_dflash.flash as flash
-    import mlx_dflash.layer as layer
-    import mlx_dflash.linear as linear
-    import mlx_dflash.target as target
-    from mlx_dflash.cache import BucketKVCache
+    (BlockLinear, BlockLayer, DraftBlockLayer, fused q/k/v in BlockAttention,
+    BlockMLP, the head) exactly where CUDA would launch a kernel, and count
+    the launches. CPU's defaults otherwise (no fold, flush or buckets)."""
 
-    calls = {"matmul": 0, "residual": 0, "qkv": 0, "swiglu": 0, "norm": 0, "flash": 0}
+    fold_from = math.inf
+    flush_every = 0
+    bucket = False
 
-    def applies(x, *ws):
+    def __init__(self):
+        self.calls = dict.fromkeys(
+            ("matmul", "residual", "qkv", "swiglu", "norm", "flash"), 0
+        )
+
+    def applies(self, x, *ws):
         rows = x.size // x.shape[-1]
-        return 1 < rows <= linear.MAX_ROWS and all(
+        return 1 < rows <= MAX_ROWS and all(
             w.dtype == x.dtype and w.shape[1] == x.shape[-1] for w in ws
         )
 
-    def normed(x, norm):
-        if norm is None:
-            return x
-        calls["norm"] += 1
-        return mx.fast.rms_norm(x, norm[0], norm[1])
+    def tiled(self, dtype, *ws):
+        return True
 
-    def block_matmul(x, w, bias=None, residual=None):
-        calls["matmul"] += 1
+    def block_matmul(self, x, w, bias=None, residual=None):
+        self.calls["matmul"] += 1
         y = x @ w.T if bias is None else x @ w.T + bias
         if residual is not None:
-            calls["residual"] += 1
+            self.calls["residual"] += 1
             y = residual + y
         return y
 
-    def block_matmuls(x, ws, norm=None):
-        calls["qkv"] += 1
-        x = normed(x, norm)
+    def block_matmuls(self, x, ws, norm=None):
+        self.calls["qkv"] += 1
+        x = _normed(self.calls, x, norm)
         return [x @ w.T for w in ws]
 
-    def block_swiglu(x, g, u, norm=None):
-        calls["swiglu"] += 1
-        x = normed(x, norm)
+    def block_swiglu(self, x, g, u, norm=None):
+        self.calls["swiglu"] += 1
+        x = _normed(self.calls, x, norm)
         return nn.silu(x @ g.T) * (x @ u.T)
 
-    def flash_applies(p, x, cache):
+    def attention_applies(self, p, x, cache):
         return (
             p is not None
             and isinstance(cache, BucketKVCache)
@@ -204,8 +223,8 @@ def kernel_as_ops(monkeypatch):
             and x.shape[0] == 1
         )
 
-    def norm_rope(q, k, v, qn, kn, off, p):
-        calls["flash"] += 1
+    def norm_rope(self, q, k, v, qn, kn, off, p):
+        self.calls["flash"] += 1
         B, L, _ = q.shape
         q = q.reshape(B, L, p.heads, -1)
         k = k.reshape(B, L, p.kv_heads, -1)
@@ -226,7 +245,7 @@ def kernel_as_ops(monkeypatch):
 
         return rope(q), rope(k), v
 
-    def flash_attention(q, keys, values, off, scale, causal=True):
+    def attention(self, q, keys, values, off, scale, causal=True):
         # The whole buffer, masked to what the kernel reads.
         L, C = q.shape[2], keys.shape[2]
         if causal:
@@ -238,19 +257,11 @@ def kernel_as_ops(monkeypatch):
         )
         return out.transpose(0, 2, 1, 3).reshape(1, L, -1)
 
-    monkeypatch.setattr(flash, "applies", flash_applies)
-    monkeypatch.setattr(flash, "norm_rope", norm_rope)
-    monkeypatch.setattr(flash, "attention", flash_attention)
-    for m in (attention, layer, linear, target):
-        monkeypatch.setattr(m, "applies", applies)
-    monkeypatch.setattr(layer, "tiled", lambda dtype, *ws: True)
-    for m in (layer, linear, target):
-        monkeypatch.setattr(m, "block_matmul", block_matmul)
-    for m in (attention, layer):
-        monkeypatch.setattr(m, "block_matmuls", block_matmuls)
-    for m in (layer, linear):
-        monkeypatch.setattr(m, "block_swiglu", block_swiglu)
-    return calls
+
+@pytest.fixture
+def kernel_as_ops():
+    """The block path with the backend faked at its one seam."""
+    return BlockPath.choose(OpsKernels())
 
 
 # The fused launches each family's layers take: whole layers where every product
@@ -274,7 +285,7 @@ def test_greedy_through_block_wrappers_equals_stock(kernel_as_ops, family, kind)
     from test_decode import N, make_drafter, run, setup
 
     model, ref = setup(family)
-    target = Target(model, block_linear=True, attention_kernel=True)
+    target = Target(model, block_path=kernel_as_ops)
     drafter = make_drafter(kind, target, ref)
     out, stats = run(
         target,
@@ -285,36 +296,40 @@ def test_greedy_through_block_wrappers_equals_stock(kernel_as_ops, family, kind)
         prefill_step_size=5,
     )
     assert out == ref and stats.cycles > 0
-    calls = kernel_as_ops
+    calls = kernel_as_ops.ops.calls
     assert calls["matmul"] > 0  # o/down projections, the head, the draft
     # The DFlash draft's own layers take every fused launch.
     fused = FUSED[family] | (FUSED["qwen3"] if kind == "dflash" else set())
     for launch in ("norm", "residual", "qkv", "swiglu", "flash"):
         assert (calls[launch] > 0) == (launch in fused), launch
     whole = "norm" in FUSED[family]
-    assert len(target._block_layers) == (target.num_layers if whole else 0)
+    assert len(target.fitting.layers) == (target.num_layers if whole else 0)
     assert all(type(l) is nn.Linear for l in plain_linears(model))
     assert not any(isinstance(l, BlockLayer) for l in model.model.layers)
+    assert not any(isinstance(m, BlockLinear) for _, m in model.named_modules())
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_block_layers_keep_taps_and_cache(kernel_as_ops, family):
     """A verify block through BlockLayer gives the stock forward's logits, tapped
     features and cache contents (taps wrap the layer wrapper during forward)."""
-    from mlx_dflash.cache import BucketKVCache
-
     model = tiny_model(family)
     prompt, block = mx.array([list(range(1, 40))]), mx.array([list(range(5, 21))])
     out = []
     for on in (True, False):
         target = Target(
-            model, capture_layers=[0, 2], block_linear=on, attention_kernel=on
+            model,
+            capture_layers=[0, 2],
+            block_path=kernel_as_ops,
+            block_linear=on,
+            attention_kernel=on,
         )
         cache = [BucketKVCache() for _ in range(target.num_layers)]
         target.forward(prompt, cache)
         out.append((*target.forward(block, cache), cache))
     (l1, f1, c1), (l2, f2, c2) = out
-    assert kernel_as_ops["residual"] > 0 and kernel_as_ops["flash"] > 0
+    calls = kernel_as_ops.ops.calls
+    assert calls["residual"] > 0 and calls["flash"] > 0
     assert mx.array_equal(l1, l2).item() and mx.array_equal(f1, f2).item()
     for a, b in zip(c1, c2):
         assert a.offset == b.offset and mx.array_equal(a.keys, b.keys).item()
@@ -327,9 +342,11 @@ def test_draft_blocks_through_kernels_match_ops(kernel_as_ops):
     from test_decode import random_dflash, setup
 
     model, _ = setup("qwen3")
-    target = Target(model, block_linear=True, attention_kernel=True)
+    target = Target(model, block_path=kernel_as_ops)
     drafter = random_dflash(target)
-    assert drafter._kernel
+    assert drafter.fitting.layers  # whole layers in fused launches
+    ops_path = target.path.but(attention=False).fit_draft(drafter.draft)
+    kernels = drafter.fitting
     cache = target.make_cache(bucket=True)
     tokens = list(range(3, 40))
     drafter.start(tokens)
@@ -339,10 +356,10 @@ def test_draft_blocks_through_kernels_match_ops(kernel_as_ops):
         offsets = [c.offset for c in drafter.cache]
         out = []
         for on in (True, False):
-            drafter._kernel = on
+            drafter.fitting = kernels if on else ops_path
             out.append(drafter._logits(chunk[-1], 15))
         assert [c.offset for c in drafter.cache] == offsets
         assert mx.allclose(out[0], out[1], atol=1e-5).item()
-        drafter._kernel = True
+        drafter.fitting = kernels
         drafter._logits(chunk[-1], 15)  # leaves its keys past the context
-    assert kernel_as_ops["flash"] > 0
+    assert kernel_as_ops.ops.calls["flash"] > 0

@@ -4,11 +4,13 @@ A verify is host-bound on MLX CUDA: every graph node costs ~9 µs to build and
 encode (bench/results/speed.md §9). For the decoder layers whose forward this
 mirrors line for line (mlx_lm's llama / qwen2 / qwen3 `TransformerBlock`:
 `h = x + attn(norm1(x))`, `out = h + mlp(norm2(h))`), a block of 2-64 rows
-takes four launches of the linear.py kernel: RMSNorm + q/k/v, o_proj + the
+takes four launches of the matmul.py kernel: RMSNorm + q/k/v, o_proj + the
 residual, RMSNorm + gate/up/SwiGLU, down_proj + the residual; the attention
-between them is flash.py's where it applies, else attention.py's. Put on layer
-instances only inside `Target.forward`; every other call goes to the stock
-layer. `fits` / `fused` also run the DFlash draft's layers (draft.py).
+between them is flash.py's where it applies, else attention.py's. `BlockLayer`
+wraps a target's layer instance and `DraftBlockLayer` a DFlash draft's; the
+block path (path.py) puts them on only for the duration of a forward, and
+every other call goes to the stock layer. The launches go through the backend
+(`ops`, cuda.py's).
 """
 
 from typing import Optional
@@ -16,18 +18,10 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..wrapper import Wrapper, class_name
 from . import flash
 from .attention import MIRRORED, attend, is_block
-from .linear import (
-    MIRRORED_MLP,
-    applies,
-    block_matmul,
-    block_matmuls,
-    block_swiglu,
-    fusable,
-    tiled,
-)
-from .wrapper import Wrapper, class_name
+from .linear import MIRRORED_MLP, fusable, stock
 
 MIRRORED_LAYERS = {
     "mlx_lm.models.llama.TransformerBlock",
@@ -39,23 +33,55 @@ MIRRORED_LAYERS = {
 class BlockLayer(Wrapper):
     """Wraps one mirrored decoder layer instance (see module docstring)."""
 
-    def __init__(self, inner: nn.Module, from_keys: float, kernel: bool = False):
+    def __init__(self, inner: nn.Module, from_keys: float, ops, kernel: bool = False):
         super().__init__(inner)
         self.from_keys = from_keys
+        self.ops = ops
         # flash.py's attention (its Params), or None
         self.kernel = flash.params(inner.self_attn) if kernel else None
 
     def __call__(self, x: mx.array, mask=None, cache=None):
-        l = self.inner
-        if not (is_block(x, cache) and fits(l, x)):
+        l, ops = self.inner, self.ops
+        if not (is_block(x, cache) and fits(ops, l, x)):
             return l(x, mask, cache)
 
         def attention(q, k, v):
-            if flash.applies(self.kernel, q, cache):
-                return flash.attend(self.kernel, q, k, v, cache, qk_norms(l))
+            p = self.kernel
+            if p is not None and ops.attention_applies(p, q, cache):
+                return ops.attend(p, q, k, v, cache, qk_norms(l))
             return attend(l["self_attn"], q, k, v, mask, cache, self.from_keys)
 
-        return fused(l, x, attention)
+        return fused(ops, l, x, attention)
+
+
+class DraftBlockLayer(Wrapper):
+    """Wraps one DFlash `DraftLayer` instance: a draft block whose layer fits
+    takes the four launches around flash.py's non-causal (or causal)
+    attention; the block's keys go past the context, where the next commit
+    writes. Sliding-window layers and every other call run the stock layer."""
+
+    def __init__(self, inner: nn.Module, ops):
+        super().__init__(inner)
+        self.ops = ops
+        self.params = flash.params(inner.self_attn)  # None: the ops path only
+
+    def __call__(self, x: mx.array, cache) -> mx.array:
+        l, ops, p = self.inner, self.ops, self.params
+        a = l["self_attn"]
+        if not (
+            a.window is None
+            and p is not None
+            and ops.attention_applies(p, x, cache)
+            and fusable(*linears(l))
+            and fits(ops, l, x)
+        ):
+            return l(x, cache)
+        norms = qk_norms(l)
+
+        def attention(q, k, v):
+            return ops.attend(p, q, k, v, cache, norms, a.causal, advance=False)
+
+        return fused(ops, l, x, attention)
 
 
 # nn.Module attribute access costs ~1 µs per level (a failed normal lookup,
@@ -66,9 +92,10 @@ _MLP = ("gate_proj", "up_proj", "down_proj")
 
 
 def linears(l: nn.Module):
-    """Layer `l`'s [q, k, v, o, gate, up, down] projection modules."""
+    """Layer `l`'s [q, k, v, o, gate, up, down] projection modules (the stock
+    ones where a `BlockLinear` wraps them)."""
     a, mlp = l["self_attn"], l["mlp"]
-    return [a[n] for n in _PROJ] + [mlp[n] for n in _MLP]
+    return [stock(a[n]) for n in _PROJ] + [stock(mlp[n]) for n in _MLP]
 
 
 def _parts(l: nn.Module):
@@ -83,29 +110,31 @@ def qk_norms(l: nn.Module):
     return (a["q_norm"]["weight"], a["k_norm"]["weight"]) if "q_norm" in a else None
 
 
-def fits(l: nn.Module, x: mx.array) -> bool:
+def fits(ops, l: nn.Module, x: mx.array) -> bool:
     """Whether decoder layer `l` (self_attn with q/k/v/o_proj, mlp with
     gate/up/down_proj, input and post-attention RMSNorms) takes block `x` in
-    `fused`'s four launches."""
+    `fused`'s four launches of the backend `ops`."""
     (q, k, v, o, gate, up, down), n1, n2 = _parts(l)
     return (
-        applies(x, q, k, v, gate, up)
-        and tiled(x.dtype, o, down)
+        ops.applies(x, q, k, v, gate, up)
+        and ops.tiled(x.dtype, o, down)
         and n1["weight"].dtype == n2["weight"].dtype == x.dtype
     )
 
 
-def fused(l: nn.Module, x: mx.array, attention) -> mx.array:
+def fused(ops, l: nn.Module, x: mx.array, attention) -> mx.array:
     """`l`'s forward of block `x` in four launches around `attention(q, k, v)`,
     which returns o_proj's input."""
     (q, k, v, o, gate, up, down), n1, n2 = _parts(l)
-    q, k, v = block_matmuls(x, [q, k, v], norm=(n1["weight"], n1.eps))
-    h = block_matmul(attention(q, k, v), o, residual=x)
-    m = block_swiglu(h, gate, up, norm=(n2["weight"], n2.eps))
-    return block_matmul(m, down, residual=h)
+    q, k, v = ops.block_matmuls(x, [q, k, v], norm=(n1["weight"], n1.eps))
+    h = ops.block_matmul(attention(q, k, v), o, residual=x)
+    m = ops.block_swiglu(h, gate, up, norm=(n2["weight"], n2.eps))
+    return ops.block_matmul(m, down, residual=h)
 
 
-def wrap_layer(layer, from_keys: float, kernel: bool = False) -> Optional[BlockLayer]:
+def wrap_layer(
+    layer, from_keys: float, ops, kernel: bool = False
+) -> Optional[BlockLayer]:
     """A `BlockLayer` around `layer` if its class and parts are mirrored and
     every product is a plain Linear without a bias, else None."""
     if class_name(layer) not in MIRRORED_LAYERS:
@@ -118,4 +147,6 @@ def wrap_layer(layer, from_keys: float, kernel: bool = False) -> Optional[BlockL
         return None
     projections = [a.q_proj, a.k_proj, a.v_proj, a.o_proj]
     projections += [mlp.gate_proj, mlp.up_proj, mlp.down_proj]
-    return BlockLayer(layer, from_keys, kernel) if fusable(*projections) else None
+    if not fusable(*projections):
+        return None
+    return BlockLayer(layer, from_keys, ops, kernel)

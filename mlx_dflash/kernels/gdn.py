@@ -7,10 +7,12 @@ bench/results/speed.md). Here the whole block is one CUDA kernel launch: each
 warp keeps one row of the (Dv x Dk) state in registers for all T steps.
 
 `gated_delta` is a drop-in for `mlx_lm.models.gated_delta.gated_delta_update`
-that takes the CUDA kernel when it applies and the stock function otherwise
-(Metal kernel on Apple GPUs, ops path on CPU). `FastGatedDeltaNet` is the stock
-layer with only the recurrence call swapped; `Target` gives it to GatedDeltaNet
-*instances* on CUDA (the stock class stays untouched).
+that takes the kernel when a backend (cuda.py's) is given and it applies, and
+the stock function otherwise (Metal kernel on Apple GPUs, ops path on CPU).
+`BlockDelta` wraps one GatedDeltaNet *instance* and runs the stock forward
+with only the recurrence call swapped; the block path (path.py) puts it on the
+target's instances for the duration of `Target.forward` (the stock class and
+every other instance stay untouched).
 """
 
 from typing import Any, Optional
@@ -19,6 +21,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.gated_delta import compute_g, gated_delta_update, normalize_qk
 from mlx_lm.models.qwen3_5 import GatedDeltaNet
+
+from ..wrapper import Wrapper
 
 _HEADER = """
 __device__ __forceinline__ float warp_sum(float x) {
@@ -90,9 +94,9 @@ def _cuda_kernel(step_states: bool):
 
 
 def cuda_applies(q: mx.array, v: mx.array, state: mx.array, mask) -> bool:
+    """Whether `gated_delta_cuda` takes this call (MLX CUDA's GPU assumed)."""
     return (
-        mx.cuda.is_available()
-        and mx.default_device() == mx.gpu
+        mx.default_device() == mx.gpu
         and mask is None
         and state.dtype == mx.float32
         and q.shape[-1] % 32 == 0
@@ -128,12 +132,14 @@ MAX_STEP_STATES = 64
 
 class StepStates:
     """Plain holder (never a module parameter) of the per-step states of a
-    layer's last verify forward; `Target` gives one to each layer on CUDA."""
+    layer's last verify forward, and the backend that made them; the block
+    path gives one to each GatedDeltaNet it wraps (rollback.py reads it)."""
 
-    __slots__ = ("states",)
+    __slots__ = ("states", "ops")
 
-    def __init__(self):
+    def __init__(self, ops=None):
         self.states = None
+        self.ops = ops
 
 
 def gated_delta(
@@ -149,8 +155,10 @@ def gated_delta(
     *,
     use_kernel=True,
     steps: Optional[StepStates] = None,
+    ops=None,
 ):
-    """`gated_delta_update` with a CUDA kernel for the unmasked, scalar-gated case.
+    """`gated_delta_update` with the backend `ops`' kernel (cuda.py's; None:
+    none) for the unmasked, scalar-gated case.
 
     With `steps`, a kernel run of 2 .. MAX_STEP_STATES steps (a verify block)
     also leaves the state after every step in `steps.states`; otherwise None.
@@ -160,9 +168,9 @@ def gated_delta(
     if state is None:
         B, _, _, Dk = q.shape
         state = mx.zeros((B, *v.shape[-2:], Dk), dtype=mx.float32)
-    if use_kernel and cuda_applies(q, v, state, mask):
+    if use_kernel and ops is not None and ops.delta_applies(q, v, state, mask):
         keep = steps is not None and 1 < q.shape[1] <= MAX_STEP_STATES
-        out = gated_delta_cuda(
+        out = ops.gated_delta(
             q, k, v, compute_g(A_log, a, dt_bias), mx.sigmoid(b), state, keep
         )
         if keep:
@@ -189,40 +197,45 @@ def recurrence_inputs(layer: GatedDeltaNet, conv_out: mx.array):
     return q, k, v
 
 
-class FastGatedDeltaNet(GatedDeltaNet):
-    """The stock Qwen3.5 GatedDeltaNet with the recurrence call swapped for `gated_delta`.
+class BlockDelta(Wrapper):
+    """Wraps one stock Qwen3.5 GatedDeltaNet instance: its forward with the
+    recurrence call swapped for `gated_delta` (backend `ops`).
 
     Mirrors `GatedDeltaNet.__call__` of the pinned mlx_lm minor for a single
-    unpadded sequence (tests compare the two layers on the same inputs).
+    unpadded sequence (tests compare the two on the same inputs); other calls
+    go to the stock layer.
     """
+
+    def __init__(self, inner: GatedDeltaNet, ops=None):
+        super().__init__(inner)
+        self.ops = ops
 
     def __call__(
         self, inputs: mx.array, mask: Optional[mx.array] = None, cache: Any = None
     ):
-        if self.sharding_group is not None or (
+        l = self.inner
+        if l.sharding_group is not None or (
             cache is not None and cache.lengths is not None
         ):
-            return super().__call__(inputs, mask, cache)
+            return l(inputs, mask, cache)
         B, S, _ = inputs.shape
-        qkv = self.in_proj_qkv(inputs)
-        z = self.in_proj_z(inputs).reshape(B, S, self.num_v_heads, self.head_v_dim)
-        b = self.in_proj_b(inputs)
-        a = self.in_proj_a(inputs)
+        qkv = l.in_proj_qkv(inputs)
+        z = l.in_proj_z(inputs).reshape(B, S, l.num_v_heads, l.head_v_dim)
+        b = l.in_proj_b(inputs)
+        a = l.in_proj_a(inputs)
 
         if cache is not None and cache[0] is not None:
             conv_state = cache[0]
         else:
-            conv_state = mx.zeros(
-                (B, self.conv_kernel_size - 1, self.conv_dim), inputs.dtype
-            )
+            conv_state = mx.zeros((B, l.conv_kernel_size - 1, l.conv_dim), inputs.dtype)
         if mask is not None:
             qkv = mx.where(mask[..., None], qkv, 0)
         conv_input = mx.concatenate([conv_state, qkv], axis=1)
         if cache is not None:
-            cache[0] = mx.contiguous(conv_input[:, -(self.conv_kernel_size - 1) :, :])
-        conv_out = nn.silu(self.conv1d(conv_input))
+            cache[0] = mx.contiguous(conv_input[:, -(l.conv_kernel_size - 1) :, :])
+        conv_out = nn.silu(l.conv1d(conv_input))
 
-        q, k, v = recurrence_inputs(self, conv_out)
+        q, k, v = recurrence_inputs(l, conv_out)
         state = cache[1] if cache else None
         out, state = gated_delta(
             q,
@@ -230,15 +243,16 @@ class FastGatedDeltaNet(GatedDeltaNet):
             v,
             a,
             b,
-            self.A_log,
-            self.dt_bias,
+            l.A_log,
+            l.dt_bias,
             state,
             mask,
-            use_kernel=not self.training,
-            steps=getattr(self, "step_states", None),  # set by Target on CUDA
+            use_kernel=not l.training,
+            steps=getattr(l, "step_states", None),  # set by the block path
+            ops=self.ops,
         )
         if cache is not None:
             cache[1] = state
             cache.advance(S)
-        out = self.norm(out, z)
-        return self.out_proj(out.reshape(B, S, -1))
+        out = l.norm(out, z)
+        return l.out_proj(out.reshape(B, S, -1))

@@ -7,22 +7,23 @@ its vector kernel but sends any block of queries with a mask to cuDNN. For a
 (bench/results/speed.md §7; in the bench at 16k, 258 against 227 tok/s). MLX
 has no per-call switch (its process-wide one also slows stock decoding and
 prefill), so the target's attention layers get a small wrapper on the instance,
-put on only inside `Target.forward` as the fused GatedDeltaNet is: for a block
-of 2-64 queries over at least `from_keys` keys it computes the layer's
-attention itself; everything else goes to the stock layer unchanged. Only layer
-classes whose forward the wrapper mirrors line for line are wrapped
-(`MIRRORED`). The DFlash draft's own attention uses the same fold.
+put on only inside `Target.forward` (path.py) as the fused GatedDeltaNet is:
+for a block of 2-64 queries over at least `from_keys` keys it computes the
+layer's attention itself; everything else goes to the stock layer unchanged.
+Only layer classes whose forward the wrapper mirrors line for line are wrapped
+(`MIRRORED`). The DFlash draft's own attention uses the same fold
+(`block_attention`). The fold is plain ops: it needs no backend; the fused
+q/k/v launch and flash.py's attention need one (cuda.py's).
 """
 
-import math
 from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..wrapper import Wrapper, class_name
 from . import flash
-from .linear import applies, block_matmuls, fusable
-from .wrapper import Wrapper, class_name
+from .linear import fusable
 
 # Attention classes whose __call__ is: q/k/v projections, optional per-head
 # q_norm/k_norm, RoPE at cache.offset, cache update, SDPA, o_proj.
@@ -70,16 +71,16 @@ def block_attention(q, k, v, scale: float, mask, from_keys: float) -> mx.array:
 
 
 def attend(
-    a: nn.Module, q, k, v, mask, cache, from_keys: float, kernel=None
+    a: nn.Module, q, k, v, mask, cache, from_keys: float, ops=None, kernel=None
 ) -> mx.array:
     """Mirrored layer `a`'s attention from its q/k/v projections (B, L, ·) to
     the input of its o_proj: per-head norms, RoPE, cache update, attention.
-    With `kernel` (`a`'s `flash.Params`), in flash.py's launches where they
-    apply (the block's mask is then the bucket's causal one, which they
-    compute from the cache's offset)."""
-    if flash.applies(kernel, q, cache):
+    With `kernel` (`a`'s `flash.Params`), in the backend `ops`' flash.py
+    launches where they apply (the block's mask is then the bucket's causal
+    one, which they compute from the cache's offset)."""
+    if kernel is not None and ops.attention_applies(kernel, q, cache):
         norms = (a.q_norm.weight, a.k_norm.weight) if "q_norm" in a else None
-        return flash.attend(kernel, q, k, v, cache, norms)
+        return ops.attend(kernel, q, k, v, cache, norms)
     B, L, _ = q.shape
     q = q.reshape(B, L, a.n_heads, -1)
     k = k.reshape(B, L, a.n_kv_heads, -1)
@@ -104,52 +105,50 @@ def is_block(x: mx.array, cache) -> bool:
 class BlockAttention(Wrapper):
     """Wraps one mirrored attention layer instance (see module docstring).
 
-    With `fuse_qkv`, a block's q, k and v projections are one launch of the
-    linear.py kernel where it applies; with `kernel`, the attention between
-    them and o_proj is flash.py's.
+    With the backend `ops` (cuda.py's; None: the fold alone) and `fuse_qkv`,
+    a block's q, k and v projections are one launch of the matmul.py kernel
+    where it applies; with `kernel` too, the attention between them and
+    o_proj is flash.py's.
     """
 
     def __init__(
         self,
         inner: nn.Module,
         from_keys: float,
+        ops=None,
         fuse_qkv: bool = False,
         kernel: bool = False,
     ):
         super().__init__(inner)
         self.from_keys = from_keys
+        self.ops = ops
+        fuse_qkv = fuse_qkv and ops is not None
         self.fuse_qkv = fuse_qkv and fusable(inner.q_proj, inner.k_proj, inner.v_proj)
-        self.kernel = flash.params(inner) if kernel else None
+        self.kernel = flash.params(inner) if kernel and ops is not None else None
 
     def __call__(self, x: mx.array, mask=None, cache=None):
         a = self.inner
         if not is_block(x, cache):
             return a(x, mask=mask, cache=cache)
+        ops = self.ops
         ws = [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
-        fuse = self.fuse_qkv and applies(x, *ws)
-        own = flash.applies(self.kernel, x, cache)
+        fuse = self.fuse_qkv and ops.applies(x, *ws)
+        own = self.kernel is not None and ops.attention_applies(self.kernel, x, cache)
         own = own or cache.offset + x.shape[1] >= self.from_keys
         if not (fuse or own):
             return a(x, mask=mask, cache=cache)
         if fuse:
-            q, k, v = block_matmuls(x, ws)
+            q, k, v = ops.block_matmuls(x, ws)
         else:
             q, k, v = a.q_proj(x), a.k_proj(x), a.v_proj(x)
-        out = attend(a, q, k, v, mask, cache, self.from_keys, self.kernel)
+        out = attend(a, q, k, v, mask, cache, self.from_keys, ops, self.kernel)
         return a.o_proj(out)
 
 
-def default_from_keys(from_keys: Optional[int]) -> float:
-    """None: 4096 keys on CUDA (below it cuDNN was as fast), never elsewhere."""
-    if from_keys is not None:
-        return from_keys
-    return 4096 if mx.cuda.is_available() else math.inf
-
-
 def wrap_attention(
-    attn, from_keys: float, fuse_qkv: bool = False, kernel: bool = False
+    attn, from_keys: float, ops=None, fuse_qkv: bool = False, kernel: bool = False
 ) -> Optional[BlockAttention]:
     """A `BlockAttention` around `attn` if its class is mirrored, else None."""
     if class_name(attn) not in MIRRORED:
         return None
-    return BlockAttention(attn, from_keys, fuse_qkv, kernel)
+    return BlockAttention(attn, from_keys, ops, fuse_qkv, kernel)

@@ -14,12 +14,11 @@ block's attention itself is a few µs of device work. Here it is:
    `mma.sync` (bf16/fp16 in, fp32 scores, softmax and accumulation), then one
    launch that merges the key splits and writes o_proj's input rows.
 
-`attend` runs the three for a layer (layer.py's verify blocks, attention.py's
-wrapper, draft.py's blocks). Only the valid keys are read (not the bucket's
+`attend` runs the three for a layer (layer.py's verify and draft blocks,
+attention.py's wrapper), through a backend (cuda.py's, or a test's ops
+stand-in) for steps 1 and 3. Only the valid keys are read (not the bucket's
 padding), and long contexts are split over the GPU's SMs, which MLX's masked
-attention does not do for a block.
-Rounding follows stock where it is cheap to: the norm's output and RoPE's are
-rounded to the input dtype as `mx.fast.rms_norm` and `mx.fast.rope` round them.
+attention does not do for a block. Step 1 is rope.py's.
 """
 
 import math
@@ -29,71 +28,14 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from .cache import BucketKVCache
-from .linear import MMA_HEADER
+from ..cache import BucketKVCache
+from .mma import header
 
 CHUNK = 64  # keys per shared-memory tile
 MAX_ROWS = 128  # query rows per KV head (repeats x block length): 8 warps
 SPLIT_BLOCKS = 264  # aim for two thread blocks per SM of an H200 (132 SMs)
 
-_ON_CUDA = mx.cuda.is_available()
 _kernels = {}
-
-# One warp per (row, head) of q, k and v: D / 32 values per lane, lane l holding
-# l, l + 32, ...; RoPE (not traditional) pairs value e with e + D / 2, so both
-# halves of a pair are in one lane.
-_NORM_ROPE = """
-  const int lane = threadIdx.x & 31;
-  const int w = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  int L = 1;
-  for (int i = 0; i < q_ndim - 1; ++i) L *= q_shape[i];
-  if (w >= L * (H + 2 * HK)) return;
-  const int i = w / (H + 2 * HK), s = w % (H + 2 * HK);
-  constexpr int E = D / 32;
-  const T* src;
-  T* dst;
-  const T* nw = nullptr;
-  if (s < H) {
-    src = q + ((size_t)i * H + s) * D;
-    dst = qo + ((size_t)s * L + i) * D;
-    nw = qn;
-  } else if (s < H + HK) {
-    src = k + ((size_t)i * HK + (s - H)) * D;
-    dst = ko + ((size_t)(s - H) * L + i) * D;
-    nw = kn;
-  } else {
-    src = v + ((size_t)i * HK + (s - H - HK)) * D;
-    dst = vo + ((size_t)(s - H - HK) * L + i) * D;
-  }
-  float x[E];
-  #pragma unroll
-  for (int e = 0; e < E; ++e) x[e] = static_cast<float>(src[lane + 32 * e]);
-  if (s < H + HK) {
-    if (NORM) {
-      float ss = 0.0f;
-      #pragma unroll
-      for (int e = 0; e < E; ++e) ss += x[e] * x[e];
-      #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffff, ss, o);
-      const float inv = rsqrtf(ss / D + EPS);
-      #pragma unroll
-      for (int e = 0; e < E; ++e)
-        x[e] = static_cast<float>(nw[lane + 32 * e] * static_cast<T>(x[e] * inv));
-    }
-    const float pos = SCALE * static_cast<float>(off[0] + i);
-    #pragma unroll
-    for (int e = 0; e < E / 2; ++e) {
-      const float d = static_cast<float>(lane + 32 * e) / static_cast<float>(D / 2);
-      const float theta = pos * exp2f(-d * LOG2BASE);
-      const float c = cosf(theta), sn = sinf(theta);
-      const float x1 = x[e], x2 = x[e + E / 2];
-      x[e] = static_cast<float>(static_cast<T>(x1 * c - x2 * sn));
-      x[e + E / 2] = static_cast<float>(static_cast<T>(x1 * sn + x2 * c));
-    }
-  }
-  #pragma unroll
-  for (int e = 0; e < E; ++e) dst[lane + 32 * e] = static_cast<T>(x[e]);
-"""
 
 _NEG_INF = "#define NEG_INF __int_as_float(0xff800000)\n"
 
@@ -272,36 +214,15 @@ _MERGE = """
 """
 
 
-def _norm_rope_kernel(norm: bool, eps: float, log2base: float, scale: float):
-    key = ("norm_rope", norm, eps, log2base, scale)
-    if key not in _kernels:
-        source = _NORM_ROPE
-        for name, value in [
-            ("NORM", "true" if norm else "false"),
-            ("EPS", f"{eps!r}f"),
-            ("LOG2BASE", f"{log2base!r}f"),
-            ("SCALE", f"{scale!r}f"),
-        ]:
-            source = source.replace(name, value)
-        _kernels[key] = mx.fast.cuda_kernel(
-            name=f"dflash_norm_rope_{len(_kernels)}",
-            input_names=["q", "k", "v", "qn", "kn", "off"],
-            output_names=["qo", "ko", "vo"],
-            source=source,
-        )
-    return _kernels[key]
-
-
 def _flash_kernel(dtype, scale: float):
     key = ("flash", dtype, scale)
     if key not in _kernels:
-        ptx = {mx.bfloat16: "bf16", mx.float16: "f16"}[dtype]
         _kernels[key] = mx.fast.cuda_kernel(
             name=f"dflash_flash_{len(_kernels)}",
             input_names=["q", "kc", "vc", "off"],
             output_names=["po", "pm", "pl"],
             source=_FLASH.replace("SCALE_LOG2E", f"{scale * math.log2(math.e)!r}f"),
-            header=_NEG_INF + MMA_HEADER.replace("MMA_T", ptx) + _PACK,
+            header=_NEG_INF + header(dtype) + _PACK,
         )
     return _kernels[key]
 
@@ -359,7 +280,7 @@ def params(a: nn.Module) -> Optional[Params]:
 def applies(p: Optional[Params], x: mx.array, cache) -> bool:
     """Whether a block `x` (B, L, ·) of a layer with `params` p over `cache`
     takes these kernels (else the ops path)."""
-    if p is None or not _ON_CUDA or mx.default_device() != mx.gpu:
+    if p is None or mx.default_device() != mx.gpu:
         return False
     B, L = x.shape[0], x.shape[1]
     return (
@@ -371,30 +292,6 @@ def applies(p: Optional[Params], x: mx.array, cache) -> bool:
         and cache.keys is not None
         and cache.keys.dtype == x.dtype
         and p.heads // p.kv_heads * L <= MAX_ROWS
-    )
-
-
-def norm_rope(q, k, v, qn, kn, off, p: Params):
-    """(q, k, v) rows (B=1, L, heads * D) → (1, heads, L, D) each: q and k
-    through the per-head norms `qn`, `kn` (weights; None if p has none) and
-    RoPE at position off[0]."""
-    L, d = q.shape[1], p.head_dim
-    norm = p.eps is not None
-    kernel = _norm_rope_kernel(
-        norm, p.eps or 0.0, math.log2(p.base), float(p.rope_scale)
-    )
-    warps = L * (p.heads + 2 * p.kv_heads)
-    return kernel(
-        inputs=[q, k, v, qn if norm else q, kn if norm else q, off],  # q: unread
-        template=[("T", q.dtype), ("D", d), ("H", p.heads), ("HK", p.kv_heads)],
-        grid=(32 * warps, 1, 1),
-        threadgroup=(128, 1, 1),
-        output_shapes=[
-            (1, p.heads, L, d),
-            (1, p.kv_heads, L, d),
-            (1, p.kv_heads, L, d),
-        ],
-        output_dtypes=[q.dtype] * 3,
     )
 
 
@@ -450,22 +347,23 @@ def offsets(offset: int, keys: mx.array) -> mx.array:
     return mx.array([offset, splits(keys.shape[2], keys.shape[1])], mx.int32)
 
 
-def attend(p: Params, q, k, v, cache, norms=None, causal=True, advance=True):
+def attend(ops, p: Params, q, k, v, cache, norms=None, causal=True, advance=True):
     """A layer's attention of a block from its q/k/v rows (1, L, ·) with its
     per-head q/k `norms` (weights; None if p has none) over `cache` (a
     `BucketKVCache`), which it updates as `update_and_fetch` would;
     without `advance` the block's keys only sit past the cache's offset, for
     the next write to replace (a draft block, which is not context). Returns
-    o_proj's input (1, L, H * D)."""
+    o_proj's input (1, L, H * D). `ops` (the backend) runs `norm_rope` and
+    `attention`."""
     L, offset = q.shape[1], cache.offset
     cache.reserve(L)
     off = offsets(offset, cache.keys)
     qn, kn = norms if p.eps is not None else (None, None)
-    q, k, v = norm_rope(q, k, v, qn, kn, off, p)
+    q, k, v = ops.norm_rope(q, k, v, qn, kn, off, p)
     # Static slices: MLX updates the buffer in place. (`mx.slice_update` with
     # an array start copied it whole: +5 ms per verify at 16k, speed.md §11.)
     cache.keys[..., offset : offset + L, :] = k
     cache.values[..., offset : offset + L, :] = v
     if advance:
         cache.offset += L
-    return attention(q, cache.keys, cache.values, off, p.scale, causal)
+    return ops.attention(q, cache.keys, cache.values, off, p.scale, causal)

@@ -1,4 +1,4 @@
-"""Linear layers for verify- and draft-sized blocks of rows, as one CUDA kernel.
+"""Products of verify- and draft-sized blocks of rows, as one CUDA kernel.
 
 On MLX CUDA (0.32) a product with one row runs MLX's own gemv kernel, but any
 other row count goes to cuBLASLt, and each such call rebuilds its descriptors,
@@ -12,38 +12,21 @@ weight rows once and multiplies it into every row of the block with tensor-core
 The same kernel takes several weights in one launch (q/k/v: `block_matmuls`;
 gate/up with SwiGLU: `block_swiglu`), an RMSNorm of its input, or a residual
 added to its output, so that a decoder layer is four launches (layer.py).
-
-`block_linears` swaps plain `nn.Linear` *instances* to `BlockLinear` for the
-duration of a forward, as `Target` does with the fused GatedDeltaNet; outside
-it every layer is stock. Off CUDA, or for shapes the kernel does not tile, the
-stock product runs.
+The wrappers that call it (linear.py, layer.py, attention.py) reach it through
+the CUDA backend (cuda.py); for shapes it does not tile they run the stock
+product.
 """
 
-from contextlib import contextmanager
-from typing import Iterable, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 import mlx.core as mx
-import mlx.nn as nn
 
-from .wrapper import Wrapper, class_name
+from .mma import PTX_TYPE, header
 
 MAX_ROWS = 64  # 4 tiles of 16 rows; verify and draft blocks
 WARPS = 8  # per block, splitting K (16 for one row tile where K allows)
 K_CHUNK = 64  # K consumed by one warp step: 4 lanes x 16 values
 COLS = 16  # output columns per block
-
-# One m16n8k16 tensor-core product-accumulate (MMA_T: bf16 or f16); flash.py
-# uses it too.
-MMA_HEADER = """
-__device__ __forceinline__ void mma16816(float* c, const unsigned* a,
-                                         unsigned b0, unsigned b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.MMA_T.MMA_T.f32 "
-      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-"""
 
 # Grid: one block of 32 WARPS threads per NT tiles of 8 output columns (of
 # each weight panel it reads); warp w takes K slice w. A lane (g = lane / 4,
@@ -213,8 +196,6 @@ _NORM_SCALE = """{
           for (int p = 0; p < P; ++p) v[p] *= scale;
         }"""
 
-_PTX_TYPE = {mx.bfloat16: "bf16", mx.float16: "f16"}
-_ON_CUDA = mx.cuda.is_available()
 _kernels = {}
 
 
@@ -238,7 +219,7 @@ def _kernel(dtype, groups: int, bias: bool, swiglu: bool, eps, residual: bool):
     """The kernel for one combination; `eps` (None: no RMSNorm) is compiled in."""
     key = (dtype, groups, bias, swiglu, eps, residual)
     if key not in _kernels:
-        ptx = _PTX_TYPE[dtype]
+        ptx = PTX_TYPE[dtype]
         norm = eps is not None
         kind = "swiglu" if swiglu else f"g{groups}"
         kind += "_bias" * bias + "_res" * residual + (f"_norm{eps:g}" if norm else "")
@@ -265,7 +246,7 @@ def _kernel(dtype, groups: int, bias: bool, swiglu: bool, eps, residual: bool):
             input_names=inputs,
             output_names=["y0"] if swiglu else [f"y{i}" for i in range(groups)],
             source=source,
-            header=MMA_HEADER.replace("MMA_T", ptx),
+            header=header(dtype),
         )
     return _kernels[key]
 
@@ -281,7 +262,7 @@ def tiling(rows: int, k: int):
 
 def tiled(dtype, *weights: mx.array) -> bool:
     """Whether the kernel tiles products with these weights for `dtype` inputs."""
-    return dtype in _PTX_TYPE and all(
+    return dtype in PTX_TYPE and all(
         w.ndim == 2
         and w.dtype == dtype
         and w.shape[1] % (WARPS * K_CHUNK) == 0
@@ -290,15 +271,9 @@ def tiled(dtype, *weights: mx.array) -> bool:
     )
 
 
-def fusable(*layers: nn.Module) -> bool:
-    """Whether one kernel launch can take these linear layers' products
-    (plain Linear layers without biases; shapes are checked per call)."""
-    return all(type(l) in (nn.Linear, BlockLinear) and "bias" not in l for l in layers)
-
-
 def applies(x: mx.array, *weights: mx.array) -> bool:
     """Whether the kernel takes `x @ w.T` for each of `weights` (else stock)."""
-    if x.ndim < 2 or not _ON_CUDA or mx.default_device() != mx.gpu:
+    if x.ndim < 2 or mx.default_device() != mx.gpu:
         return False
     k = x.shape[-1]
     rows = x.size // max(k, 1)
@@ -391,72 +366,3 @@ def block_swiglu(x: mx.array, gate: mx.array, up: mx.array, norm=None) -> mx.arr
     """`silu(x @ gate.T) * (x @ up.T)` in one launch (an MLP's first half);
     `norm` as in `block_matmuls`."""
     return _launch(x, [gate, up], swiglu=True, norm=norm)[0]
-
-
-class BlockLinear(nn.Linear):
-    """`nn.Linear` whose blocks of 2-64 rows take `block_matmul`.
-
-    Given to plain `nn.Linear` instances only inside `block_linears`.
-    """
-
-    def __call__(self, x: mx.array) -> mx.array:
-        if applies(x, self.weight):
-            return block_matmul(x, self.weight, self.get("bias"))
-        return super().__call__(x)
-
-
-# MLP classes whose __call__ is `down_proj(swiglu(gate_proj(x), up_proj(x)))`.
-MIRRORED_MLP = {
-    "mlx_lm.models.llama.MLP",
-    "mlx_lm.models.qwen2.MLP",
-    "mlx_lm.models.qwen3.MLP",
-    "mlx_lm.models.qwen3_moe.MLP",
-    "mlx_lm.models.qwen3_next.Qwen3NextMLP",
-}
-
-
-class BlockMLP(Wrapper):
-    """Wraps one mirrored MLP instance: for a block of 2-64 rows, gate, up and
-    SwiGLU are one launch (`block_swiglu`); everything else is the stock MLP."""
-
-    def __call__(self, x: mx.array) -> mx.array:
-        mlp = self.inner
-        g, u = mlp.gate_proj.weight, mlp.up_proj.weight
-        if g.shape != u.shape or not applies(x, g, u):
-            return mlp(x)
-        return mlp.down_proj(block_swiglu(x, g, u))
-
-
-def wrap_mlp(mlp) -> Optional[BlockMLP]:
-    """A `BlockMLP` around `mlp` if its class is mirrored and its gate and up
-    projections are `fusable`, else None."""
-    if class_name(mlp) not in MIRRORED_MLP:
-        return None
-    return BlockMLP(mlp) if fusable(mlp.gate_proj, mlp.up_proj) else None
-
-
-def plain_linears(module: nn.Module) -> List[nn.Linear]:
-    """The plain (unquantized, exact-type) `nn.Linear` instances under `module`."""
-    return [m for _, m in module.named_modules() if type(m) is nn.Linear]
-
-
-def swap_linears(layers: Iterable[nn.Linear], on: bool):
-    """Make `layers` (plain `nn.Linear` instances) `BlockLinear`, or plain again."""
-    for l in layers:
-        l.__class__ = BlockLinear if on else nn.Linear
-
-
-@contextmanager
-def block_linears(layers: Iterable[nn.Linear]):
-    """Within the block, `layers` (plain `nn.Linear` instances) are `BlockLinear`."""
-    layers = list(layers)
-    swap_linears(layers, True)
-    try:
-        yield
-    finally:
-        swap_linears(layers, False)
-
-
-def default_block_linear(on: Optional[bool]) -> bool:
-    """None: on where the kernel runs (CUDA), off elsewhere."""
-    return mx.cuda.is_available() if on is None else on
