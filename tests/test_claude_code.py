@@ -20,7 +20,7 @@ import mlx.nn as nn
 import pytest
 import uvicorn
 from mlx_lm.models.cache import KVCache
-from test_server import ScriptedModel, make_tokenizer
+from helpers import ScriptedModel, make_tokenizer
 
 from mlx_dflash.drafters import PromptLookupDrafter
 from mlx_dflash.server import Engine, EngineConfig, create_app

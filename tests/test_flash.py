@@ -8,14 +8,13 @@ import math
 import mlx.core as mx
 import numpy as np
 import pytest
+from helpers import on_cuda
 from mlx_lm.models import llama, qwen3
 from models import kernel_model
 
 from mlx_dflash import flash
 from mlx_dflash.cache import BucketKVCache
 from mlx_dflash.target import Target
-
-on_cuda = pytest.mark.skipif(not mx.cuda.is_available(), reason="needs MLX CUDA")
 
 
 def attention_layer(family, heads, kv_heads, head_dim, dtype):
