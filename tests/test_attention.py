@@ -4,8 +4,8 @@ changes no token; the model instance stays stock outside `Target.forward`."""
 import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step as stock_generate_step
+from helpers import PROMPT, N, make_drafter, random_dflash, run, setup
 from models import tiny_model
-from test_decode import PROMPT, N, make_drafter, random_dflash, run, setup
 
 from mlx_dflash.kernels.attention import BlockAttention, foldable, folded_attention
 from mlx_dflash.cache import additive, bucket_mask

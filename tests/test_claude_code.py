@@ -20,7 +20,7 @@ import mlx.nn as nn
 import pytest
 import uvicorn
 from mlx_lm.models.cache import KVCache
-from test_server import ScriptedModel, make_tokenizer
+from helpers import BranchModel, ScriptedModel, make_tokenizer
 
 from mlx_dflash.drafters import PromptLookupDrafter
 from mlx_dflash.server import Engine, EngineConfig, create_app
@@ -272,57 +272,6 @@ def test_claude_code_answers(claude, tmp_path, model):
         assert body["thinking"]["type"] == "enabled"
         assert body["thinking"]["budget_tokens"] == 31999
         assert sum(len(b["text"]) for b in body["system"]) > 20_000
-
-
-class _Seen(nn.Module):
-    """Marks every position at or after the first `marker` token, across calls:
-    its KV cache holds one 0/1 value per position, so rollback is a trim."""
-
-    def __init__(self, vocab, marker):
-        super().__init__()
-        self.vocab, self.marker = vocab, marker
-
-    def __call__(self, x, mask=None, cache=None):
-        n = x.shape[1]
-        hit = x[:, None, :, self.marker : self.marker + 1]  # (1, 1, L, 1)
-        _, hits = cache.update_and_fetch(hit, hit)
-        seen = mx.cummax(hits, axis=2)[:, 0, -n:]  # (1, L, 1)
-        v = self.vocab
-        return mx.concatenate([x[..., :v] * (1 - seen), x[..., v:] * seen], axis=-1)
-
-
-class _SeenBackbone(nn.Module):
-    def __init__(self, vocab, marker):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(vocab, 2 * vocab)
-        self.embed_tokens.weight = mx.concatenate([mx.eye(vocab)] * 2, axis=1)
-        self.layers = [_Seen(vocab, marker)]
-
-    def __call__(self, tokens, cache=None):
-        cache = cache or [KVCache()]
-        return self.layers[0](self.embed_tokens(tokens), None, cache[0])
-
-
-class BranchModel(nn.Module):
-    """Greedy output follows `before[a]` until the prompt or the output has
-    held `marker`, then `after[a]`: a scripted model that reads its context."""
-
-    def __init__(self, vocab, marker, before: dict, after: dict, default: int):
-        super().__init__()
-        self.model = _SeenBackbone(vocab, marker)
-        self.lm_head = nn.Linear(2 * vocab, vocab, bias=False)
-        w = mx.zeros((vocab, 2 * vocab))
-        for half, script in enumerate((before, after)):
-            nxt = [script.get(a, default) for a in range(vocab)]
-            w[mx.array(nxt), mx.arange(vocab) + half * vocab] = 10.0
-        self.lm_head.weight = w
-        mx.eval(self.parameters())
-
-    def __call__(self, tokens, cache=None):
-        return self.lm_head(self.model(tokens, cache))
-
-    def make_cache(self):
-        return [KVCache()]
 
 
 def test_branch_model_reads_its_context():

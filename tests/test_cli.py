@@ -8,15 +8,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm import load
 from mlx_lm.generate import generate_step as stock_generate_step
-from models import save_tiny_model_dir
-from test_draft import write, zlab_config, zlab_weights
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-qwen3")
-    save_tiny_model_dir("qwen3", path)
-    return path
+from helpers import write, zlab_config, zlab_weights
 
 
 def generate(*args):

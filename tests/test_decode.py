@@ -3,64 +3,14 @@
 import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step as stock_generate_step
-from models import CONFIGS, VOCAB, tiny_model
+from helpers import PROMPT, N, make_drafter, run, setup
+from models import CONFIGS, VOCAB
 
 from mlx_dflash.decode import generate_step
-from mlx_dflash.draft import DFlashDraft, DraftArgs
-from mlx_dflash.drafters import DFlashDrafter, OracleDrafter, PromptLookupDrafter
-from mlx_dflash.stats import SpecStats
+from mlx_dflash.drafters import OracleDrafter, PromptLookupDrafter
 from mlx_dflash.target import Target
 
 FAMILIES = list(CONFIGS)
-PROMPT = [1, 5, 9, 3, 7, 2, 8, 4, 6, 10, 11, 12, 5, 9, 3]
-N = 48
-
-_cache = {}
-
-
-def setup(family):
-    """(model, stock greedy output for PROMPT), built once per family."""
-    if family not in _cache:
-        model = tiny_model(family)
-        ref = [t for t, _ in stock_generate_step(mx.array(PROMPT), model, max_tokens=N)]
-        _cache[family] = (model, ref)
-    return _cache[family]
-
-
-def random_dflash(target: Target, seed=1) -> DFlashDrafter:
-    mx.random.seed(seed)
-    args = DraftArgs(
-        hidden_size=target.hidden_size,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        rms_norm_eps=1e-5,
-        vocab_size=VOCAB,
-        target_layer_ids=[1, 2],
-        mask_token_id=VOCAB - 1,
-        rope_theta=10000.0,
-    )
-    draft = DFlashDraft(args)
-    draft.set_dtype(mx.float32)
-    target.set_capture_layers(args.target_layer_ids)
-    return DFlashDrafter(draft, target)
-
-
-def make_drafter(kind, target, ref):
-    if kind == "dflash":
-        return random_dflash(target)
-    if kind == "lookup":
-        return PromptLookupDrafter()
-    # Rejects at every draft position in turn, and sometimes accepts it all.
-    return OracleDrafter(PROMPT + ref, vocab_size=VOCAB, schedule=list(range(16)))
-
-
-def run(target, drafter, **kw):
-    stats = SpecStats(kw.get("block_size", 16))
-    out = [t for t, _ in generate_step(target, PROMPT, drafter, stats=stats, **kw)]
-    return out, stats
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -5,6 +5,7 @@ import json
 import mlx.core as mx
 import numpy as np
 import pytest
+from helpers import H, write, zlab_config, zlab_weights
 from models import VOCAB, tiny_model
 
 from mlx_dflash.decode import generate_step
@@ -12,70 +13,6 @@ from mlx_dflash.draft import DFlashDraft, DraftArgs, load_draft, save_draft
 from mlx_dflash.drafters import DFlashDrafter
 from mlx_dflash.load import make_drafter
 from mlx_dflash.target import Target
-
-H, LAYERS, HEADS, KV, HD, FF = 64, 2, 4, 2, 16, 96
-
-
-def zlab_config(**over):
-    cfg = {
-        "architectures": ["DFlashDraftModel"],
-        "model_type": "qwen3",
-        "block_size": 16,
-        "dflash_config": {"mask_token_id": VOCAB - 1, "target_layer_ids": [1, 2]},
-        "num_target_layers": 4,
-        "hidden_size": H,
-        "intermediate_size": FF,
-        "num_hidden_layers": LAYERS,
-        "num_attention_heads": HEADS,
-        "num_key_value_heads": KV,
-        "head_dim": HD,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000,
-        "rope_scaling": None,
-        "layer_types": ["full_attention", "sliding_attention"],
-        "sliding_window": 8,
-        "max_position_embeddings": 4096,
-        "vocab_size": VOCAB,
-        "tie_word_embeddings": False,
-    }
-    cfg.update(over)
-    return cfg
-
-
-def zlab_weights(n_feat=2):
-    """Random weights under the exact key names of z-lab checkpoints."""
-    rng = np.random.default_rng(0)
-    w = lambda *s: mx.array(rng.normal(0, 0.1, s).astype(np.float32))
-    weights = {
-        "fc.weight": w(H, n_feat * H),
-        "hidden_norm.weight": mx.ones((H,)),
-        "norm.weight": mx.ones((H,)),
-    }
-    for i in range(LAYERS):
-        p = f"layers.{i}."
-        weights.update(
-            {
-                p + "self_attn.q_proj.weight": w(HEADS * HD, H),
-                p + "self_attn.k_proj.weight": w(KV * HD, H),
-                p + "self_attn.v_proj.weight": w(KV * HD, H),
-                p + "self_attn.o_proj.weight": w(H, HEADS * HD),
-                p + "self_attn.q_norm.weight": mx.ones((HD,)),
-                p + "self_attn.k_norm.weight": mx.ones((HD,)),
-                p + "mlp.gate_proj.weight": w(FF, H),
-                p + "mlp.up_proj.weight": w(FF, H),
-                p + "mlp.down_proj.weight": w(H, FF),
-                p + "input_layernorm.weight": mx.ones((H,)),
-                p + "post_attention_layernorm.weight": mx.ones((H,)),
-            }
-        )
-    return weights
-
-
-def write(path, cfg, weights):
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(cfg))
-    mx.save_safetensors(str(path / "model.safetensors"), weights)
-    return path
 
 
 @pytest.fixture(scope="module")

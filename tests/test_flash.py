@@ -8,6 +8,7 @@ import math
 import mlx.core as mx
 import numpy as np
 import pytest
+from helpers import on_cuda
 from mlx_lm.models import llama, qwen3
 from models import kernel_model
 
@@ -15,8 +16,6 @@ from mlx_dflash.kernels import flash, rope
 from mlx_dflash.kernels.cuda import CudaKernels
 from mlx_dflash.cache import BucketKVCache
 from mlx_dflash.target import Target
-
-on_cuda = pytest.mark.skipif(not mx.cuda.is_available(), reason="needs MLX CUDA")
 
 
 def attention_layer(family, heads, kv_heads, head_dim, dtype):

@@ -3,13 +3,12 @@
 import mlx.core as mx
 import numpy as np
 import pytest
+from helpers import on_cuda
 from mlx_lm.models.cache import ArraysCache
 from mlx_lm.models.gated_delta import gated_delta_ops, normalize_qk
 from models import tiny_model
 
 from mlx_dflash.kernels.gdn import BlockDelta, gated_delta, gated_delta_cuda
-
-on_cuda = pytest.mark.skipif(not mx.cuda.is_available(), reason="needs MLX CUDA")
 
 
 def test_fast_layer_matches_stock_layer():

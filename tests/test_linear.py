@@ -9,6 +9,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from helpers import on_cuda
 from models import kernel_model, tiny_model
 
 from mlx_dflash.cache import BucketKVCache
@@ -24,8 +25,6 @@ from mlx_dflash.kernels.matmul import (
     block_swiglu,
 )
 from mlx_dflash.target import Target
-
-on_cuda = pytest.mark.skipif(not mx.cuda.is_available(), reason="needs MLX CUDA")
 
 
 def reference(x, w, b=None):
@@ -282,7 +281,7 @@ FUSED = {
 def test_greedy_through_block_wrappers_equals_stock(kernel_as_ops, family, kind):
     """fp32, partial acceptances throughout: the wrappers mirror the stock
     layers of attention, hybrid (Hv != Hk) and MoE targets."""
-    from test_decode import N, make_drafter, run, setup
+    from helpers import N, make_drafter, run, setup
 
     model, ref = setup(family)
     target = Target(model, block_path=kernel_as_ops)
@@ -339,7 +338,7 @@ def test_draft_blocks_through_kernels_match_ops(kernel_as_ops):
     """A DFlash draft's block through the fused layers and flash.py's
     non-causal attention (its keys past the context, overwritten by the next
     commit) gives the ops path's logits, before and after a commit."""
-    from test_decode import random_dflash, setup
+    from helpers import random_dflash, setup
 
     model, _ = setup("qwen3")
     target = Target(model, block_path=kernel_as_ops)

@@ -13,7 +13,7 @@ import random
 
 import pytest
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
-from test_server import LiveServer, tiny_model
+from helpers import LiveServer, chat_model
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
@@ -95,7 +95,7 @@ def run_turns(family: str, turns: int = 4, check: bool = True) -> list:
     sequence and turns >= 2 reuse >= 95% of the previous prompt + reply.
     """
     tok = bpe_tokenizer()
-    target = Target(tiny_model(family, len(tok), seed=1))
+    target = Target(chat_model(family, len(tok), seed=1))
     srv = LiveServer(lambda: (target, tok, PromptLookupDrafter(), 4))
     eos = tok.eos_token_ids
     rng = random.Random(family)

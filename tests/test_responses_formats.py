@@ -3,15 +3,14 @@
 The scripted targets of test_server_reasoning_tools write each Qwen tool format
 (XML in `<tool_call>`, a bare `<function=…>` block, JSON) with its markers cut
 across tokens; here the official openai SDK reads them back as Responses
-output items. A `BranchModel` (test_claude_code) answers in text once the
+output items. A `BranchModel` (helpers) answers in text once the
 function_call_output it reads holds its marker: a real tool round trip.
 """
 
 import json
 
 import pytest
-from test_claude_code import BranchModel
-from test_server import LiveServer, make_tokenizer
+from helpers import BranchModel, LiveServer, make_tokenizer
 from test_server_reasoning_tools import (  # noqa: F401 - servers is a fixture
     ANSWER,
     CALLS,

@@ -4,183 +4,23 @@ Tiny random fp32 models with a character-level chat tokenizer; a scripted
 "bigram" target makes reasoning and tool calls happen on cue.
 """
 
-import copy
 import json
-import threading
 import time
 
 import anthropic
 import httpx
 import mlx.core as mx
-import mlx.nn as nn
 import openai
 import pytest
-import uvicorn
-from mlx.utils import tree_map
-from mlx_lm.tokenizer_utils import TokenizerWrapper
-from mlx_lm.tool_parsers import json_tools
-from mlx_lm.utils import _get_classes
-from models import CONFIGS
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
-
-from mlx_dflash.decode import generate_step
-from mlx_dflash.drafters import PromptLookupDrafter
-from mlx_dflash.server import Engine, EngineConfig, create_app
-from mlx_dflash.target import Target
-
-SPECIALS = ["<unk>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
-THINK = ["<think>", "</think>"]
-TEMPLATE = (
-    "{%- if tools %}<|im_start|>system\n"
-    "{% if messages[0].role == 'system' %}{{ messages[0].content }}\n{% endif %}"
-    "Tools:{% for t in tools %}\n{{ t | tojson }}{% endfor %}<|im_end|>\n{% endif %}"
-    "{%- for m in messages %}{% if not (tools and loop.first and m.role == 'system') %}"
-    "<|im_start|>{{ m.role }}\n{{ m.content or '' }}"
-    "{% for tc in m.tool_calls or [] %}<tool_call>"
-    '{"name": "{{ tc.function.name }}", "arguments": {{ tc.function.arguments | tojson }}}'
-    "</tool_call>{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+from helpers import (
+    MESSAGES,
+    TOOLS_AN,
+    TOOLS_OA,
+    LiveServer,
+    chat_prompt,
+    expected,
+    random_provider,
 )
-
-
-def make_tokenizer(words=(), think=False) -> TokenizerWrapper:
-    """Character-level tokenizer (+ whole-word tokens) with a chatml tool template."""
-    specials = SPECIALS + (THINK if think else [])
-    chars = ["\n"] + [chr(c) for c in range(32, 127)]
-    vocab = {t: i for i, t in enumerate(specials + list(words) + chars)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    tok.add_special_tokens(specials[1:])
-    tok.add_tokens(list(words))
-    hf = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        unk_token="<unk>",
-        chat_template=TEMPLATE,
-    )
-    return TokenizerWrapper(
-        hf,
-        tool_parser=json_tools.parse_tool_call,
-        tool_call_start="<tool_call>",
-        tool_call_end="</tool_call>",
-    )
-
-
-def tiny_model(family: str, vocab: int, seed: int = 0) -> nn.Module:
-    """tests/models.py's tiny model, with the vocabulary of our tokenizer."""
-    config = copy.deepcopy(CONFIGS[family])
-    config.get("text_config", config)["vocab_size"] = vocab
-    model_cls, args_cls = _get_classes(config)
-    mx.random.seed(seed)
-    model = model_cls(args_cls.from_dict(config))
-    model.update(tree_map(lambda p: p * 3.0 if p.ndim == 2 else p, model.parameters()))
-    model.set_dtype(mx.float32)
-    mx.eval(model.parameters())
-    return model
-
-
-class _Backbone(nn.Module):
-    def __init__(self, vocab):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(vocab, vocab)
-        self.embed_tokens.weight = mx.eye(vocab)
-        self.layers = []
-
-    def __call__(self, tokens, cache=None):
-        return self.embed_tokens(tokens)
-
-
-class ScriptedModel(nn.Module):
-    """Greedy output follows a fixed chain: the token after `a` is `script[a]`."""
-
-    def __init__(self, vocab, script: dict, default: int):
-        super().__init__()
-        self.model = _Backbone(vocab)
-        self.lm_head = nn.Linear(vocab, vocab, bias=False)
-        w = mx.zeros((vocab, vocab))
-        nxt = [script.get(a, default) for a in range(vocab)]
-        w[mx.array(nxt), mx.arange(vocab)] = 10.0
-        self.lm_head.weight = w
-        # Evaluate here: a lazy graph built on this thread can't run on another.
-        mx.eval(self.parameters())
-
-
-class LiveServer:
-    """uvicorn on 127.0.0.1, port 0, in a thread."""
-
-    def __init__(self, provider, *, api_key=None, app_args=None, **config):
-        # Greedy unless a request names a temperature: outputs are comparable.
-        config = {"default_temperature": 0.0, **config}
-        self.engine = Engine(
-            provider, EngineConfig(model_name="tiny", **config)
-        ).start()
-        app = create_app(self.engine, api_key=api_key, **(app_args or {}))
-        self.server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning")
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.01)
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        key = api_key or "unused"
-        self.openai = openai.OpenAI(
-            base_url=self.url + "/v1", api_key=key, max_retries=0
-        )
-        self.anthropic = anthropic.Anthropic(
-            base_url=self.url, api_key=key, max_retries=0
-        )
-
-    def close(self):
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-        self.engine.stop()
-
-
-def random_provider(family="qwen3", block_size=4):
-    tok = make_tokenizer()
-    target = Target(tiny_model(family, len(tok)))
-    return lambda: (target, tok, PromptLookupDrafter(), block_size)
-
-
-@pytest.fixture(scope="module")
-def srv():
-    s = LiveServer(random_provider())
-    yield s
-    s.close()
-
-
-def expected(srv, prompt, max_tokens):
-    """The core path's tokens and text for `prompt` (token ids)."""
-    tok = srv.engine.tokenizer
-    out = []
-    for t, _ in generate_step(
-        srv.engine.target,
-        prompt,
-        PromptLookupDrafter(),
-        max_tokens=max_tokens,
-        block_size=4,
-        stop_tokens=tok.eos_token_ids,
-    ):
-        out.append(t)
-    body = [t for t in out if t not in tok.eos_token_ids]
-    return out, tok.decode(body)
-
-
-MESSAGES = [
-    {"role": "system", "content": "You are terse."},
-    {"role": "user", "content": "Count: one two three one two three one two"},
-]
-
-
-def chat_prompt(srv, messages, tools=None):
-    return srv.engine.tokenizer.apply_chat_template(
-        messages, tools=tools, add_generation_prompt=True
-    )
-
 
 # ---- OpenAI ----------------------------------------------------------------------
 
@@ -569,63 +409,7 @@ def test_api_key():
         s.close()
 
 
-# ---- tool calls (scripted target) ---------------------------------------------------
-
-CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
-TOOLS_OA = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Weather for a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-            },
-        },
-    }
-]
-TOOLS_AN = [
-    {
-        "name": "get_weather",
-        "description": "Weather for a city",
-        "input_schema": TOOLS_OA[0]["function"]["parameters"],
-    }
-]
-
-
-@pytest.fixture(scope="module")
-def tool_srv():
-    words = ["hmm, weather", "Let me check.", CALL]
-    tok = make_tokenizer(words, think=True)
-    ids = {
-        w: tok.convert_tokens_to_ids(w)
-        for w in [
-            "\n",
-            "<think>",
-            "</think>",
-            "<tool_call>",
-            "</tool_call>",
-            "<|im_end|>",
-            *words,
-        ]
-    }
-    chain = [
-        "\n",
-        "<think>",
-        "hmm, weather",
-        "</think>",
-        "Let me check.",
-        "<tool_call>",
-        CALL,
-        "</tool_call>",
-        "<|im_end|>",
-    ]
-    script = {ids[a]: ids[b] for a, b in zip(chain, chain[1:])}
-    target = Target(ScriptedModel(len(tok), script, default=ids["<|im_end|>"]))
-    s = LiveServer(lambda: (target, tok, PromptLookupDrafter(), 4))
-    yield s
-    s.close()
+# ---- tool calls (scripted target, helpers.tool_provider) -------------------------
 
 
 def test_tool_calls_openai(tool_srv):

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_server import MESSAGES, LiveServer, random_provider
+from helpers import MESSAGES, LiveServer, random_provider
 
 CHAT = {
     "model": "tiny",

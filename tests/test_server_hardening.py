@@ -15,41 +15,13 @@ import threading
 import time
 
 import httpx
-import mlx.nn as nn
 import pytest
+from helpers import LiveServer, free_port, random_provider, slow_provider
 from models import save_tiny_model_dir
-from test_server import LiveServer, ScriptedModel, make_tokenizer, random_provider
-from test_server_load import _free_port
 
-from mlx_dflash.drafters import PromptLookupDrafter
 from mlx_dflash.server import Engine, EngineConfig
-from mlx_dflash.target import Target
 
 STEP = 8  # prefill chunk: cancellation is checked between chunks
-
-
-class _Slow(nn.Module):
-    """A backbone that takes `delay` seconds per forward, as a big model would."""
-
-    def __init__(self, inner, delay):
-        super().__init__()
-        self.inner = inner
-        self.delay = delay
-        self.layers = []
-        self.embed_tokens = inner.embed_tokens
-
-    def __call__(self, tokens, cache=None):
-        time.sleep(self.delay)
-        return self.inner(tokens, cache)
-
-
-def slow_provider(delay=0.02, block_size=4, word="a"):
-    tok = make_tokenizer([word] if len(word) > 1 else [])
-    a = tok.convert_tokens_to_ids(word)
-    model = ScriptedModel(len(tok), {}, default=a)  # "aaaa…", never EOS
-    model.model = _Slow(model.model, delay)
-    target = Target(model)
-    return lambda: (target, tok, PromptLookupDrafter(), block_size)
 
 
 @pytest.fixture(scope="module")
@@ -362,7 +334,7 @@ def test_close_ends_running_and_queued_jobs():
 def test_sigterm_during_a_stream_exits_cleanly(tmp_path, path):
     model_dir = tmp_path / "model"
     save_tiny_model_dir("qwen3", model_dir)
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
         [

@@ -22,7 +22,6 @@ Run alone for the numbers in bench/results/server_load.md:
 import json
 import random
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ import anthropic
 import httpx
 import openai
 import pytest
+from helpers import free_port
 from models import save_tiny_model_dir
 
 N_CLIENTS = 8
@@ -94,17 +94,11 @@ def prompt_texts(seed: int = 0):
     return [" ".join(rng.choice(WORDS) for _ in range(12 + 3 * i)) for i in range(9)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     """`python -m mlx_dflash.serve` on loopback, in its own process."""
 
     def __init__(self, model_dir: Path):
-        port = _free_port()
+        port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.proc = subprocess.Popen(
             [
@@ -477,6 +471,7 @@ def within(before, after) -> bool:
     return abs(after - before) <= TOLERANCE * before
 
 
+@pytest.mark.slow
 def test_load(tmp_path):
     save_tiny_model_dir("qwen3", tmp_path / "model")
     out = load_test(tmp_path / "model")

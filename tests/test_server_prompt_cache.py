@@ -7,7 +7,7 @@ Kept short for CPU CI; bench/results/prompt_cache.md has the ~8k-token,
 import random
 
 import pytest
-from test_server import LiveServer, expected, random_provider
+from helpers import LiveServer, expected, random_provider
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 

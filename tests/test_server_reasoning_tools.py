@@ -12,13 +12,7 @@ import json
 import pytest
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.tool_parsers import json_tools, qwen3_coder
-from test_server import (
-    TEMPLATE,
-    LiveServer,
-    ScriptedModel,
-    make_tokenizer,
-    tiny_model,
-)
+from helpers import TEMPLATE, LiveServer, ScriptedModel, chat_model, make_tokenizer
 
 from mlx_dflash.decode import generate_step
 from mlx_dflash.drafters import PromptLookupDrafter
@@ -334,7 +328,7 @@ def job_tokens(srv, prompt, max_tokens, budget):
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])  # trimmable, and not
 def test_budget_closes_reasoning_where_the_target_continues(family):
     tok = qwen_tokenizer([], qwen3_coder, opens_think=True)
-    target = Target(tiny_model(family, len(tok), seed=3))
+    target = Target(chat_model(family, len(tok), seed=3))
     srv = LiveServer(lambda: (target, tok, PromptLookupDrafter(), 4))
     try:
         end = tok.convert_tokens_to_ids("</think>")

@@ -18,16 +18,14 @@ import openai
 import pytest
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
-from test_server import (  # noqa: F401 - srv and tool_srv are fixtures
+from helpers import (
     MESSAGES,
     TOOLS_OA,
     LiveServer,
     ScriptedModel,
     make_tokenizer,
-    srv,
-    tool_srv,
+    slow_provider,
 )
-from test_server_hardening import slow_provider
 
 from mlx_dflash.drafters import PromptLookupDrafter
 from mlx_dflash.server.responses_api import ResponsesRequest, _template_args

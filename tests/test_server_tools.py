@@ -8,19 +8,18 @@ import json
 
 import pytest
 from mlx_lm.tokenizer_utils import TokenizerWrapper
-from test_server import (  # noqa: F401 - tool_srv is a fixture
+from helpers import (
     MESSAGES,
     TOOLS_AN,
     TOOLS_OA,
     LiveServer,
     ScriptedModel,
     make_tokenizer,
-    tool_srv,
 )
 
 from mlx_dflash.drafters import PromptLookupDrafter
 from mlx_dflash.server.common import encode_chat
-from mlx_dflash.server.openai_api import Message, chat_messages
+from mlx_dflash.server.openai_schema import Message, chat_messages
 from mlx_dflash.server.output import parse_tool_calls
 from mlx_dflash.server.tools import GENERIC_TOOL_PROMPT, tool_format
 from mlx_dflash.target import Target

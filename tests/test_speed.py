@@ -3,6 +3,7 @@
 import mlx.core as mx
 import numpy as np
 import pytest
+from helpers import on_cuda
 from models import tiny_model
 
 from mlx_dflash.bench.shapes import build_target
@@ -37,7 +38,7 @@ def test_flush_taps_are_plain_pass_through_outside_forward():
     assert np.array_equal(np.array(model(PROMPT)), ref)
 
 
-@pytest.mark.skipif(not mx.cuda.is_available(), reason="needs MLX CUDA")
+@on_cuda
 def test_rollback_from_kept_step_states_equals_replay():
     """On CUDA rollback picks the kernel's per-step state; it must equal a replay."""
     states = {}

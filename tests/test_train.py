@@ -10,13 +10,7 @@ from models import VOCAB, tiny_model
 
 from mlx_dflash.draft import load_draft
 from mlx_dflash.target import Target
-from mlx_dflash.train.data import (
-    HELD_OUT,
-    Dataset,
-    build_prompts,
-    generate_responses,
-    greedy_batch,
-)
+from mlx_dflash.train.data import Dataset, generate_responses, greedy_batch
 from mlx_dflash.train.objective import (
     block_attention_mask,
     block_loss,
@@ -28,6 +22,7 @@ from mlx_dflash.train.objective import (
     sample_anchors,
     target_features,
 )
+from mlx_dflash.train.prompts import HELD_OUT, build_prompts
 from mlx_dflash.train.trainer import TrainArgs, init_draft, train, train_finished
 
 MASK = VOCAB - 1

@@ -1,6 +1,7 @@
 """`mlx-dflash bench`: DFlash against stock mlx_lm on the same tokens, same process.
 
-runner.py drives the runs, engine.py is the engine-efficiency drafter, shapes.py
-builds random targets of real shapes, suites.py the prompts, stats.py and
-report.py the numbers and the files.
+runner.py drives the runs (cycle_profile.py times the cycle's parts), engine.py
+is the engine-efficiency drafter, shapes.py builds random targets of real shapes,
+suites.py the prompts, stats.py and pooled.py the numbers, report.py the files
+(plot.py the PNG, environment.py what it ran on).
 """

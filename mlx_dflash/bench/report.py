@@ -1,12 +1,12 @@
 """Report writers: one JSON with everything, a Markdown table, a PNG plot."""
 
 import json
-import platform
-import subprocess
 from pathlib import Path
 from typing import List
 
-from .stats import summarize
+from .environment import environment  # noqa: F401 - cli.py calls report.environment
+from .plot import plot
+from .pooled import by_temperature, temperature
 
 NOTES = (
     "decode tok/s: tokens after the first / time after the first token (prefill excluded). "
@@ -31,74 +31,13 @@ NOTES = (
 SAMPLED = "n/a (sampled)"
 
 
-def _temp(case: dict) -> float:
-    return case.get("sampling", {}).get("temperature", 0.0)
+def _num(x, spec: str) -> str:
+    """A ratio with nothing to count (None: no cycle, nothing drafted) is n/a."""
+    return "n/a" if x is None else format(x, spec)
 
 
-def by_temperature(results: dict) -> List[dict]:
-    """Per temperature and decoder, pooled over cases: τ, both acceptance
-    ratios, per-position acceptance, tok/s and speedup over every timed run."""
-    groups = {}
-    for c in results["cases"]:
-        t = _temp(c)
-        groups.setdefault((t, "mlx_lm (stock)"), []).append((c, c["baseline"], None))
-        for name, a in c["arms"].items():
-            groups.setdefault((t, name), []).append((c, a, c["baseline"]))
-    out = []
-    for (t, name), items in groups.items():
-        row = {
-            "temperature": t,
-            "decoder": name,
-            "cases": len(items),
-            "decode_tps": summarize(
-                [r["decode_tps"] for _, a, _ in items for r in a["per_run"]]
-            ),
-        }
-        if items[0][2] is not None:
-            cycles = sum(a["spec"]["cycles"] for _, a, _ in items)
-            drafted = sum(a["spec"]["drafted"] for _, a, _ in items)
-            accepted = sum(a["spec"]["accepted"] for _, a, _ in items)
-            emitted = sum(
-                a["spec"].get("emitted", 0) + a["spec"]["fallback"]["plain_tokens"]
-                for _, a, _ in items
-            )
-            acc_at = [
-                sum(x)
-                for x in zip(*(a["spec"].get("accepted_at", []) for _, a, _ in items))
-            ]
-            dr_at = [
-                sum(x)
-                for x in zip(*(a["spec"].get("drafted_at", []) for _, a, _ in items))
-            ]
-            matches = [a["token_match"] for _, a, _ in items]
-            row.update(
-                runs=sum(a["spec"].get("runs", 1) for _, a, _ in items),
-                tau=(accepted + cycles) / cycles if cycles else None,
-                tau_per_run=summarize(
-                    [r["tau"] for _, a, _ in items for r in a["per_run"] if "tau" in r]
-                ),
-                acceptance_rate=accepted / drafted if drafted else None,
-                draft_share=accepted / emitted if emitted else 0.0,
-                per_position_acceptance=[
-                    x / d if d else None for x, d in zip(acc_at, dr_at)
-                ],
-                speedup=summarize(
-                    [
-                        r["decode_tps"] / b["decode_tps"]
-                        for _, a, base in items
-                        for r, b in zip(a["per_run"], base["per_run"])
-                    ]
-                ),
-                token_match_pct=(
-                    None
-                    if any(m is None for m in matches)
-                    else sum(m["equal_pct"] for m in matches) / len(matches)
-                ),
-            )
-        out.append(row)
-    return sorted(
-        out, key=lambda r: (r["temperature"], r["decoder"] != "mlx_lm (stock)")
-    )
+def _mmm(s: dict, fmt: str = "{:.1f}") -> str:
+    return f"{fmt.format(s['median'])} [{fmt.format(s['min'])}–{fmt.format(s['max'])}]"
 
 
 BY_TEMP_HEADER = [
@@ -152,72 +91,13 @@ def by_temperature_rows(rows_: List[dict]) -> List[List[str]]:
     return out
 
 
-def environment() -> dict:
-    import mlx.core as mx
-    import mlx_lm
-
-    env = {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "processor": platform.processor() or None,
-        "mlx": mx.__version__,
-        "mlx_lm": mlx_lm.__version__,
-        "device": str(mx.default_device()),
-    }
-    try:
-        from importlib.metadata import version
-
-        env["mlx_dflash"] = version("mlx-dflash")
-    except Exception:
-        env["mlx_dflash"] = None
-    try:
-        info = mx.device_info()
-        env["device_info"] = {
-            k: v for k, v in info.items() if isinstance(v, (int, str, float))
-        }
-    except Exception:
-        pass
-    try:
-        out = subprocess.run(
-            [
-                "nvidia-smi",
-                "--query-gpu=name,driver_version,memory.total",
-                "--format=csv,noheader",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        if out.returncode == 0:
-            env["gpu"] = out.stdout.strip()
-    except Exception:
-        pass
-    try:
-        import os
-
-        env["cpu_count"] = os.cpu_count()
-    except Exception:
-        pass
-    return env
-
-
-def _num(x, spec: str) -> str:
-    """A ratio with nothing to count (None: no cycle, nothing drafted) is n/a."""
-    return "n/a" if x is None else format(x, spec)
-
-
-def _mmm(s: dict, fmt: str = "{:.1f}") -> str:
-    return f"{fmt.format(s['median'])} [{fmt.format(s['min'])}–{fmt.format(s['max'])}]"
-
-
 def rows(results: dict) -> List[List[str]]:
     out = []
     for c in results["cases"]:
         b = c["baseline"]
         case = f"{c['suite']}/{c['name']} ({c['prompt_tokens']}+{c['max_tokens']})"
         if "sampling" in c:
-            case += f" T={_temp(c):g}"
+            case += f" T={temperature(c):g}"
         out.append(
             [
                 case,
@@ -326,7 +206,7 @@ def markdown(results: dict, command: str) -> str:
     for c in results["cases"]:
         for name, a in c["arms"].items():
             pp = a["spec"]["per_position_acceptance"]
-            t = f" T={_temp(c):g}" if "sampling" in c else ""
+            t = f" T={temperature(c):g}" if "sampling" in c else ""
             lines.append(
                 f"- {c['suite']}/{c['name']}{t} {name}: "
                 + " ".join(_num(p, ".2f") for p in pp)
@@ -345,7 +225,7 @@ def _fallback_lines(results: dict) -> List[str]:
             f = a["spec"]["fallback"]
             if not f["plain_tokens"]:
                 continue
-            t = f" T={_temp(c):g}" if "sampling" in c else ""
+            t = f" T={temperature(c):g}" if "sampling" in c else ""
             runs = a["spec"].get("runs", 1)
             out.append(
                 f"- {c['suite']}/{c['name']}{t} {name}, per run: "
@@ -372,76 +252,6 @@ def table(results: dict) -> str:
     return "\n".join(
         [fmt(hdr), fmt(["-" * w for w in widths])] + [fmt(r) for r in body]
     )
-
-
-def plot(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels, sp, lo, hi, taus = [], [], [], [], []
-    for c in results["cases"]:
-        for name, a in c["arms"].items():
-            t = f" T={_temp(c):g}" if "sampling" in c else ""
-            labels.append(f"{c['suite']}/{c['name']}{t}\n{name}")
-            s = a["speedup"]
-            sp.append(s["median"])
-            lo.append(s["median"] - s["min"])
-            hi.append(s["max"] - s["median"])
-            tau = a["spec"]["tau"]
-            taus.append(float("nan") if tau is None else tau)
-    lengths = {}
-    for c in results["cases"]:
-        lengths.setdefault("mlx_lm (stock)", []).append(
-            (c["max_tokens"], c["baseline"]["decode_tps"]["median"])
-        )
-        for name, a in c["arms"].items():
-            lengths.setdefault(name, []).append(
-                (c["max_tokens"], a["decode_tps"]["median"])
-            )
-
-    fig, axes = plt.subplots(1, 4, figsize=(max(16, 1.2 * len(labels) + 12), 4.5))
-    x = range(len(labels))
-    axes[0].bar(x, sp, yerr=[lo, hi], capsize=3, color="tab:blue")
-    axes[0].axhline(1.0, color="gray", lw=0.8)
-    axes[0].set_title("speedup vs stock mlx_lm (median, min–max)")
-    axes[1].bar(x, taus, color="tab:orange")
-    axes[1].set_title("τ (mean accepted length incl. bonus)")
-    for ax in axes[:2]:
-        ax.set_xticks(list(x))
-        ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
-    for name, pts in lengths.items():
-        agg = {}
-        for n, v in pts:
-            agg.setdefault(n, []).append(v)
-        ns = sorted(agg)
-        axes[2].plot(
-            ns, [sum(agg[n]) / len(agg[n]) for n in ns], marker="o", label=name
-        )
-    axes[2].set_xlabel("generated tokens")
-    axes[2].set_ylabel("decode tok/s (mean over cases)")
-    axes[2].set_title("tok/s against generated length")
-    axes[2].legend(fontsize=7)
-    by_t = results.get("by_temperature") or by_temperature(results)
-    for name in dict.fromkeys(r["decoder"] for r in by_t if "tau" in r):
-        pts = [r for r in by_t if r["decoder"] == name and r["tau"] is not None]
-        ts = [r["temperature"] for r in pts]
-        tau = [r["tau"] for r in pts]
-        # Pooled τ is a weighted mean of the runs' τ, so it lies inside their range.
-        err = [
-            [max(t - r["tau_per_run"]["min"], 0) for t, r in zip(tau, pts)],
-            [max(r["tau_per_run"]["max"] - t, 0) for t, r in zip(tau, pts)],
-        ]
-        axes[3].errorbar(ts, tau, yerr=err, marker="o", capsize=3, label=name)
-    axes[3].set_xlabel("temperature")
-    axes[3].set_ylabel("τ (pooled; bars: per-run min–max)")
-    axes[3].set_title("τ against temperature")
-    axes[3].legend(fontsize=7)
-    fig.suptitle(results["title"], fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def write(results: dict, stem: Path, command: str, *, png: bool = True) -> List[Path]:

@@ -5,8 +5,7 @@ it we run:
   - the baseline: `mlx_lm.generate.generate_step` (stock, EOS off; greedy, or
     at a temperature with `mlx_lm.sample_utils.make_sampler`);
   - one arm per drafter setting (e.g. engine mode at tau = 4, 6.5, 9);
-  - a profile of the cycle's parts (warm verify / draft forwards, and the
-    first call at a new key length, which shows JIT compiles on CUDA).
+  - a profile of the cycle's parts (cycle_profile.py).
 Warm-up runs come first and are never timed; then `repeats` rounds whose arm
 order alternates (stats.run_order), with a cooldown between runs. With a
 temperature, repeat r seeds both sides with `seed + r`: `mx.random.seed` for
@@ -19,15 +18,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import mlx.core as mx
 from mlx_lm.generate import generate_step as mlx_generate_step
-from mlx_lm.models.cache import ArraysCache
 from mlx_lm.sample_utils import make_sampler
 
-from ..decode import generate_step, prefill
+from ..decode import generate_step
 from ..fallback import Fallback
-from ..rollback import rollback, snapshot
 from ..sampling import SamplingParams
 from ..stats import SpecStats
 from ..target import Target
+from .cycle_profile import profile_cycle
 from .stats import ideal_speedup, run_order, summarize, token_match
 
 BASELINE = "mlx_lm"
@@ -186,110 +184,6 @@ def pool_stats(stats: Sequence[SpecStats]) -> dict:
         drafted_at=list(pooled.drafted_at),
     )
     return out
-
-
-# ---- profile of the cycle's parts ------------------------------------------------
-
-
-def _save(cache):
-    return [list(c.cache) if isinstance(c, ArraysCache) else c.offset for c in cache]
-
-
-def _restore(cache, saved):
-    for c, s in zip(cache, saved):
-        if isinstance(c, ArraysCache):
-            c.cache[:] = s
-        else:
-            c.trim(c.offset - s)
-
-
-def _ms(f, reps: int) -> List[float]:
-    out = []
-    for _ in range(reps):
-        tic = time.perf_counter()
-        f()
-        out.append((time.perf_counter() - tic) * 1e3)
-    return out
-
-
-def profile_cycle(
-    target: Target,
-    prompt: Sequence[int],
-    drafter,
-    block: int,
-    *,
-    reps: int = 10,
-    new_lengths: int = 4,
-) -> Dict[str, float]:
-    """Median ms of the cycle's parts at the prompt's length.
-
-    verify_ms / draft_ms / fwd1_ms: warm forwards at one fixed key length
-    (B tokens through the target with argmax; the drafter's propose; one
-    target token), each built and run as the decode loop does (`flush=True`).
-    *_new_len_ms: first call at each of `new_lengths` new key
-    lengths, as the decode loop sees them (on CUDA this includes the JIT
-    compile of 16-query attention for that length).
-    """
-    cache = target.make_cache()
-    # The engine's cost is its real-size DFlash forward (its oracle tokens are free).
-    proposer = getattr(drafter, "dflash", drafter)
-    has_draft = proposer is not None and hasattr(proposer, "propose")
-    sink = drafter if drafter is not None else _NullDrafter()
-    logits = prefill(target, cache, sink, prompt)
-    anchor = int(mx.argmax(logits, axis=-1).item())
-    block_in = mx.array(
-        [[anchor] + [(anchor + i) % 7 for i in range(1, block)]], mx.uint32
-    )
-    one = mx.array([[anchor]], mx.uint32)
-
-    def fwd(tokens):
-        saved = _save(cache)
-        logits, _ = target.forward(tokens, cache, flush=True)
-        mx.eval(mx.argmax(logits, axis=-1))
-        _restore(cache, saved)
-
-    def draft():
-        mx.eval(proposer.propose(anchor, block - 1))
-
-    out = {}
-    fwd(block_in), fwd(one)  # compile for this length
-    out["verify_ms"] = summarize(_ms(lambda: fwd(block_in), reps))["median"]
-    out["fwd1_ms"] = summarize(_ms(lambda: fwd(one), reps))["median"]
-    if has_draft:
-        draft()
-        out["draft_ms"] = summarize(_ms(draft, reps))["median"]
-    else:
-        out["draft_ms"] = 0.0
-
-    # First calls at new key lengths: advance every cache by one token each time.
-    v_new, d_new = [], []
-    for _ in range(new_lengths):
-        saved = snapshot(cache, target.delta_taps)
-        tic = time.perf_counter()
-        logits, features = target.forward(block_in, cache, flush=True)
-        mx.eval(mx.argmax(logits, axis=-1))
-        v_new.append((time.perf_counter() - tic) * 1e3)
-        rollback(cache, target.delta_taps, saved, verified=block, kept=1)
-        sink.commit([anchor], None if features is None else features[:, :1])
-        if has_draft:
-            tic = time.perf_counter()
-            draft()
-            d_new.append((time.perf_counter() - tic) * 1e3)
-    out["verify_new_len_ms"] = summarize(v_new)["median"]
-    out["draft_new_len_ms"] = summarize(d_new)["median"] if d_new else 0.0
-    del cache
-    mx.clear_cache()
-    return out
-
-
-class _NullDrafter:
-    capture_layers = ()
-
-    def start(self, prompt):
-        pass
-
-    def commit(self, tokens, features):
-        pass
 
 
 # ---- one case --------------------------------------------------------------------

@@ -1,14 +1,15 @@
-"""OpenAI-compatible routes: /v1/chat/completions and /v1/completions."""
+"""OpenAI-compatible routes: /v1/chat/completions and /v1/completions.
+
+Request bodies are in openai_schema.py, log-probability formats in logprobs.py.
+"""
 
 import json
-import re
 import time
 import uuid
-from typing import Annotated, Any, Dict, List, Literal, Optional, Union
+from typing import Optional
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BeforeValidator, Field, field_validator
 
 from ..sampling import SamplingParams
 from .common import (
@@ -16,7 +17,6 @@ from .common import (
     APIError,
     Finish,
     check_model,
-    check_template_args,
     encode_chat,
     engine_headers,
     engine_info,
@@ -27,199 +27,15 @@ from .common import (
     thinking_args,
 )
 from .engine import Engine, Job
-from .schema import Body, Lenient, bad_string
-
-# The API documents temperature 1 for requests that name none; the server's
-# --default-temperature overrides it (0: greedy, the fastest exact path).
-DEFAULT_TEMPERATURE = 1.0
-
-
-def _as_parts(content):
-    return [{"type": "text", "text": content}] if isinstance(content, str) else content
-
-
-class ContentPart(Lenient):
-    type: str
-    text: Optional[str] = None
-
-
-class FunctionCall(Lenient):
-    name: str
-    arguments: Any = None  # JSON text, as the API sends it (or an object)
-
-    @field_validator("arguments")
-    @classmethod
-    def _decode(cls, v):
-        # Templates expect arguments as a mapping.
-        if v is None or v == "":
-            return {}
-        if isinstance(v, str):
-            try:
-                v = json.loads(v)
-            except ValueError:
-                raise ValueError("tool call arguments are not valid JSON")
-        if not isinstance(v, dict):
-            raise ValueError("tool call arguments must be a JSON object")
-        if bad_string(v):  # json.loads makes "\ud800" a lone surrogate
-            raise ValueError(
-                "tool call arguments hold a string that is not valid Unicode"
-            )
-        return v
-
-
-class ToolCall(Lenient):
-    id: Optional[str] = None
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
-class Message(Lenient):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    # A string is one text part.
-    content: Annotated[Optional[List[ContentPart]], BeforeValidator(_as_parts)] = None
-    tool_calls: Optional[List[ToolCall]] = None
-    tool_call_id: Optional[str] = None
-
-
-class FunctionDef(Lenient):
-    name: str
-    description: Optional[str] = None
-    parameters: Optional[Dict[str, Any]] = None
-
-
-class Tool(Lenient):
-    type: Literal["function"] = "function"
-    function: FunctionDef
-
-
-# mx.random.key takes a uint64.
-_SEEDS = 2**64
-
-
-class _Sampling(Body):
-    model: str
-    temperature: Optional[float] = Field(None, ge=0, le=2)
-    top_p: Optional[float] = Field(None, gt=0, le=1)
-    top_k: Optional[int] = Field(None, ge=0)  # extension (vLLM, llama.cpp)
-    min_p: Optional[float] = Field(None, ge=0, le=1)  # extension
-    seed: Optional[int] = None  # None or -1: a random seed
-    stream: bool = False
-    stream_options: Optional[Dict[str, Any]] = None
-    stop: Union[str, List[str], None] = None
-    n: int = 1
-    user: Optional[str] = None
-    presence_penalty: Optional[float] = None
-    frequency_penalty: Optional[float] = None
-    logit_bias: Optional[Dict[str, float]] = None
-
-    @field_validator("seed")
-    @classmethod
-    def _seed(cls, v):
-        if v == -1:
-            return None  # what OpenAI clients send for "random"
-        if v is not None and not 0 <= v < _SEEDS:
-            raise ValueError("must be -1 (random) or an integer in [0, 2**64)")
-        return v
-
-
-class ChatRequest(_Sampling):
-    messages: List[Message] = Field(min_length=1)
-    max_tokens: Optional[int] = Field(None, ge=1)
-    max_completion_tokens: Optional[int] = Field(None, ge=1)
-    tools: Optional[List[Tool]] = None
-    tool_choice: Union[str, Dict[str, Any], None] = None
-    parallel_tool_calls: Optional[bool] = None
-    response_format: Optional[Dict[str, Any]] = None
-    logprobs: Optional[bool] = None
-    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
-    chat_template_kwargs: Optional[Dict[str, Any]] = None
-    reasoning_effort: Optional[str] = None
-    metadata: Optional[Dict[str, Any]] = None
-    store: Optional[bool] = None
-
-    @field_validator("chat_template_kwargs")
-    @classmethod
-    def _switches(cls, v):
-        return check_template_args(v, param="chat_template_kwargs")
-
-
-class CompletionRequest(_Sampling):
-    prompt: Union[str, List[int], List[str]]
-    max_tokens: int = Field(16, ge=1)
-    logprobs: Optional[int] = Field(None, ge=0, le=20)  # the API caps it at 5
-    echo: bool = False
-    suffix: Optional[str] = None
-    best_of: Optional[int] = None
-
-    @field_validator("max_tokens", mode="before")
-    @classmethod
-    def _default(cls, v):
-        return 16 if v is None else v  # the API's default for null, too
-
-
-def _unsupported(req: _Sampling):
-    """Parameters we cannot honour are refused, never silently dropped."""
-    bad = []
-    if req.n != 1:
-        bad.append("n")
-    if req.presence_penalty or req.frequency_penalty:
-        bad.append("presence_penalty/frequency_penalty")
-    if req.logit_bias:
-        bad.append("logit_bias")
-    if isinstance(req, ChatRequest):
-        if req.top_logprobs is not None and not req.logprobs:
-            raise APIError(
-                400, "top_logprobs requires logprobs to be true", param="top_logprobs"
-            )
-        if req.response_format and req.response_format.get("type") != "text":
-            bad.append("response_format")
-        if req.tool_choice not in (None, "auto", "none"):
-            # Forcing a call needs constrained decoding, which we don't do.
-            bad.append("tool_choice (only 'auto' and 'none')")
-    if isinstance(req, CompletionRequest):
-        if req.echo or req.suffix or (req.best_of or 1) != 1:
-            bad.append("echo/suffix/best_of")
-    if bad:
-        raise APIError(400, f"unsupported parameter(s): {', '.join(bad)}", param=bad[0])
-
-
-def _text(content: Optional[List[ContentPart]], i: int) -> str:
-    out = []
-    for j, p in enumerate(content or []):
-        if p.type not in ("text", "input_text"):
-            raise APIError(
-                400,
-                f"messages.{i}.content.{j}: only text content parts are supported, "
-                f"not {p.type!r}",
-                param="messages",
-            )
-        out.append(p.text or "")
-    return "".join(out)
-
-
-def chat_messages(messages: List[Message]) -> List[dict]:
-    """OpenAI messages -> the plain dicts HF chat templates read."""
-    out = []
-    for i, m in enumerate(messages):
-        msg = {
-            "role": "system" if m.role == "developer" else m.role,
-            "content": _text(m.content, i),
-        }
-        if m.role == "tool":
-            msg["tool_call_id"] = m.tool_call_id
-        if m.tool_calls:
-            msg["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": c.function.model_dump()}
-                for c in m.tool_calls
-            ]
-        out.append(msg)
-    return out
-
-
-def _tools(req: ChatRequest) -> Optional[List[dict]]:
-    if not req.tools or req.tool_choice == "none":
-        return None
-    return [t.model_dump(exclude_none=True) for t in req.tools]
+from .logprobs import ChatLogprobs, CompletionLogprobs
+from .openai_schema import (
+    DEFAULT_TEMPERATURE,
+    ChatRequest,
+    CompletionRequest,
+    chat_messages,
+    chat_tools,
+    check_supported,
+)
 
 
 def _usage(u: dict) -> dict:
@@ -285,8 +101,8 @@ def make_router(engine: Engine) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def chat_completions(req: ChatRequest, request: Request):
         check_model(engine, req.model)
-        _unsupported(req)
-        tools = _tools(req)
+        check_supported(req)
+        tools = chat_tools(req)
         prompt = await off_loop(
             engine,
             lambda: encode_chat(
@@ -321,7 +137,7 @@ def make_router(engine: Engine) -> APIRouter:
             max_calls=1 if req.parallel_tool_calls is False else None,
             request=request,
         )
-        lp = _ChatLogprobs(engine.tokenizer) if logprobs is not None else None
+        lp = ChatLogprobs(engine.tokenizer) if logprobs is not None else None
         if req.stream:
             usage_chunk = bool((req.stream_options or {}).get("include_usage"))
             return StreamingResponse(
@@ -371,7 +187,7 @@ def make_router(engine: Engine) -> APIRouter:
     @router.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
         check_model(engine, req.model)
-        _unsupported(req)
+        check_supported(req)
         if (
             isinstance(req.prompt, list)
             and req.prompt
@@ -402,7 +218,7 @@ def make_router(engine: Engine) -> APIRouter:
             "object": "text_completion",
         }
         parts = run_job(engine, job, stop=stop, raw=True, request=request)
-        lp = _CompletionLogprobs(engine.tokenizer) if req.logprobs is not None else None
+        lp = CompletionLogprobs(engine.tokenizer) if req.logprobs is not None else None
         if req.stream:
             usage_chunk = bool((req.stream_options or {}).get("include_usage"))
             return StreamingResponse(
@@ -502,102 +318,3 @@ async def _completion_stream(engine, parts, head, usage_chunk, lp):
         else:
             yield chunk(p.text, tokens=p.logprobs)
     yield "data: [DONE]\n\n"
-
-
-# ---- log-probabilities -------------------------------------------------------------
-
-
-def _gpt2_byte_decoder() -> Dict[str, int]:
-    """Byte-level BPE's printable stand-ins for bytes (GPT-2's bytes_to_unicode)."""
-    keep = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    chars, n = list(keep), 0
-    for b in range(256):
-        if b not in keep:
-            keep.append(b)
-            chars.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(keep, chars)}
-
-
-_BYTE_LEVEL = _gpt2_byte_decoder()
-_SPM_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
-
-
-class TokenText:
-    """A token's own UTF-8 bytes and display string, as the API reports them.
-
-    Decoding one token alone drops BPE/SentencePiece leading spaces and turns
-    partial UTF-8 into U+FFFD, so we read the vocabulary piece instead, the
-    way mlx_lm's streaming detokenizer for this tokenizer does.
-    """
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.kind = type(tokenizer.detokenizer).__name__
-        self._memo: Dict[int, bytes] = {}
-
-    def bytes(self, token: int) -> bytes:
-        if token not in self._memo:
-            self._memo[token] = self._bytes(token)
-        return self._memo[token]
-
-    def _bytes(self, token: int) -> bytes:
-        tok = self.tokenizer
-        piece = tok.convert_ids_to_tokens(token)
-        if not isinstance(piece, str) or token in tok.all_special_ids:
-            return tok.decode([token]).encode()
-        if self.kind == "BPEStreamingDetokenizer":
-            if all(c in _BYTE_LEVEL for c in piece):
-                return bytes(_BYTE_LEVEL[c] for c in piece)
-        elif self.kind == "SPMStreamingDetokenizer":
-            m = _SPM_BYTE.fullmatch(piece)
-            return (
-                bytes([int(m[1], 16)]) if m else piece.replace("\u2581", " ").encode()
-            )
-        return tok.decode([token]).encode()
-
-    def text(self, token: int) -> str:
-        # Partial UTF-8 shows as escapes, never as U+FFFD.
-        return self.bytes(token).decode("utf-8", "backslashreplace")
-
-
-class _ChatLogprobs(TokenText):
-    """Chat format: {"content": [{token, logprob, bytes, top_logprobs}], "refusal"}."""
-
-    def entry(self, token: int, logprob: float) -> dict:
-        return {
-            "token": self.text(token),
-            "logprob": logprob,
-            "bytes": list(self.bytes(token)),
-        }
-
-    def __call__(self, tokens) -> dict:
-        content = [
-            {**self.entry(t, lp), "top_logprobs": [self.entry(*e) for e in top]}
-            for t, lp, top in tokens
-        ]
-        return {"content": content, "refusal": None}
-
-
-class _CompletionLogprobs(TokenText):
-    """Legacy completions format: parallel lists plus each token's text offset."""
-
-    def __init__(self, tokenizer):
-        super().__init__(tokenizer)
-        self.offset = 0  # characters of completion text so far (streams span calls)
-
-    def __call__(self, tokens) -> dict:
-        out = {
-            "tokens": [],
-            "token_logprobs": [],
-            "top_logprobs": [],
-            "text_offset": [],
-        }
-        for t, lp, top in tokens:
-            text = self.text(t)
-            out["tokens"].append(text)
-            out["token_logprobs"].append(lp)
-            out["top_logprobs"].append({self.text(i): v for i, v in top})
-            out["text_offset"].append(self.offset)
-            self.offset += len(text)
-        return out

@@ -4,7 +4,7 @@ Plain: keys of the exact committed length (a new length every verify cycle).
 Bucketed: the padded 256-multiple buffer plus a boolean mask (BucketKVCache).
 Qwen3-8B attention shape (32 q heads, 8 kv heads, head_dim 128), bf16.
 
-    python bench/probe_attention.py
+    python bench/probes/probe_attention.py
 """
 
 import json

@@ -6,7 +6,7 @@ with 16 rows (cuBLASLt; a verify block), and `block_matmul` with 16 rows.
 `build` is the Python time to queue the calls, `total` adds their evaluation.
 Also the largest difference between the two 16-row results.
 
-    python bench/probe_linear.py [--rows 16] [--calls 36]
+    python bench/probes/probe_linear.py [--rows 16] [--calls 36]
 """
 
 import argparse

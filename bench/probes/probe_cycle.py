@@ -11,7 +11,7 @@ For a real-shape random target at a fixed context length, prints median ms of:
                   while Python is still building
   rollback        rollback to 7 kept positions + eval of the cache state
 
-    python bench/probe_cycle.py qwen3-8b|qwen3.5-9b [--context 1024] [--every 4]
+    python bench/probes/probe_cycle.py qwen3-8b|qwen3.5-9b [--context 1024] [--every 4]
 """
 
 import argparse

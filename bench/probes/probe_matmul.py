@@ -8,7 +8,7 @@ measured copy bandwidth. Each figure is per call, from `--calls` calls queued
 and evaluated at once over rotating weights (one forward's worth of layers,
 weights never all in L2), so launch latency and cache hits do not dominate.
 
-    python bench/probe_matmul.py [--rows 1,2,4,8,16]
+    python bench/probes/probe_matmul.py [--rows 1,2,4,8,16]
 """
 
 import argparse

@@ -4,7 +4,7 @@ Times, at a fixed context length, (a) stock mlx_lm: one token with a plain cache
 (b) our Target: a 16-token verify with its cache (bucketed KV, fused GatedDeltaNet
 on CUDA) followed by a rollback that keeps 7 positions. Random bf16 weights.
 
-    python bench/probe_verify.py qwen3_8b|qwen3_5_9b [--context 1024]
+    python bench/probes/probe_verify.py qwen3_8b|qwen3_5_9b [--context 1024]
 """
 
 import argparse

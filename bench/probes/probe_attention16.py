@@ -16,7 +16,7 @@ verify's worth of layers; throughput, not launch latency), median of `--reps`:
                joined by their log-sum-exps (no mask over the long part)
 Also prints each path's max |diff| to fast_bool's output.
 
-    python bench/probe_attention16.py [--contexts 1024 8192 16384] [--reps 10]
+    python bench/probes/probe_attention16.py [--contexts 1024 8192 16384] [--reps 10]
 """
 
 import argparse

@@ -1,6 +1,6 @@
 """Probe: where a Qwen3.5-9B-shape GatedDeltaNet layer spends its time, T=1 vs T=16.
 
-python bench/probe_gdn_layer.py
+python bench/probes/probe_gdn_layer.py
 """
 
 import json

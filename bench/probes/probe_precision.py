@@ -1,6 +1,6 @@
 """Probe: is fp32 matmul on this device full fp32, or reduced (TF32)?
 
-python bench/probe_precision.py
+python bench/probes/probe_precision.py
 """
 
 import json

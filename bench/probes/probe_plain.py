@@ -12,7 +12,7 @@ median ms per token over `--tokens` greedy tokens after the first, for:
   dflash_plain+stream  the same on a stream of its own, as mlx_lm decodes
 Variants run interleaved, `--reps` times, each after its own prefill.
 
-    python bench/probe_plain.py [--context 8192] [--tokens 256] [--reps 3] [--blas auto]
+    python bench/probes/probe_plain.py [--context 8192] [--tokens 256] [--reps 3] [--blas auto]
 """
 
 import argparse

@@ -8,7 +8,7 @@ out=${OUT:-bench/results}
 export PYTHONUNBUFFERED=1
 # Cycle anatomy (host build vs device, with and without flushing every 4 layers).
 for s in qwen3-8b qwen3.5-9b; do
-  python3 bench/probe_cycle.py $s --every 4 --reps 30
+  python3 bench/probes/probe_cycle.py $s --every 4 --reps 30
 done
 b="python3 -m mlx_dflash.bench --draft engine --block-size 16 --dtype bfloat16 --peaked --cooldown 0.5"
 $b --shape qwen3-8b --suites code --prompts-per-suite 1 --tau 4,6.5,9 --max-tokens 256 --repeats 5 --out $out/h200-speed-qwen3-8b

@@ -4,7 +4,7 @@ A control for bench/results/h200-speed-qwen3-8b-16k-folded.*: the same command
 with `Target`'s and the draft's `block_attention_from` default set to never
 (attention.py), so the two runs differ only in that.
 
-    python bench/run_without_fold.py <mlx-dflash bench arguments>
+    python bench/probes/run_without_fold.py <mlx-dflash bench arguments>
 """
 
 import runpy

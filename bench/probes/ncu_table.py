@@ -2,7 +2,7 @@
 probe_linear_variants.py (`--reps 0`): variant, tiling, layer part, GPU time,
 share of DRAM peak, registers and active warps.
 
-    python bench/ncu_table.py bench/results/h200-ncu-linear-unroll.csv
+    python bench/probes/ncu_table.py bench/results/h200-ncu-linear-unroll.csv
 """
 
 import csv

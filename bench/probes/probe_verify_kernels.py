@@ -5,8 +5,8 @@ Run under Nsight Compute, which times every kernel; marker kernels separate a
 a one-token step of the same target at the same context:
 
     ncu --clock-control none --csv --metrics gpu__time_duration.sum \\
-        python bench/probe_verify_kernels.py qwen3-8b > verify.csv
-    python bench/probe_verify_kernels.py --table verify.csv
+        python bench/probes/probe_verify_kernels.py qwen3-8b > verify.csv
+    python bench/probes/probe_verify_kernels.py --table verify.csv
 """
 
 import argparse
@@ -78,7 +78,7 @@ KINDS = [  # (kind, pattern in the kernel name), first match wins
 
 
 def table(path: str):
-    from ncu_table import launches  # bench/, beside this script
+    from ncu_table import launches  # bench/probes/, beside this script
 
     section, sums, counts = None, defaultdict(float), defaultdict(int)
     for launch in launches(path):

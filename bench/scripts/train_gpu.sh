@@ -6,10 +6,10 @@
 # (shared/device/mlx-cuda/stage.sh) and copying the target GGUF to the machine:
 #
 #   export PYTHONPATH=/root/site:$PWD
-#   call 1: bash bench/results/train_gpu.sh /tmp/SmolLM2-135M-Instruct.Q4_1.gguf 1
+#   call 1: bash bench/scripts/train_gpu.sh /tmp/SmolLM2-135M-Instruct.Q4_1.gguf 1
 #           generate the data set (13.4k prompts, greedy, <= 256 new tokens, ~3 min), then train
 #           until 9 minutes after the call began (checkpoint every 200 steps)
-#   call 2: bash bench/results/train_gpu.sh /tmp/SmolLM2-135M-Instruct.Q4_1.gguf 2
+#   call 2: bash bench/scripts/train_gpu.sh /tmp/SmolLM2-135M-Instruct.Q4_1.gguf 2
 #           resume to the end of the schedule (TRAIN_SECONDS of training in all), then print
 #           the held-out tau of the result against the target as shipped (quantized GGUF)
 #
@@ -24,7 +24,7 @@
 # Scale knobs are the variables below; the CPU dry run of both calls (real GGUF, tiny scale):
 #   BLAS=auto DTYPE=float32 EVAL_DTYPE=float32 NUM_PROMPTS=6 MAX_NEW=24 GEN_BATCH=8 BATCH=2 ANCHORS=8 \
 #   STEPS=12 SAVE_EVERY=4 REPORT_EVERY=2 EVAL_PROMPTS=1 EVAL_TOKENS=16 CALL_SECONDS=... \
-#   RUN=/tmp/dry OUT=/tmp/dry/out PYTHON=.venv/bin/python bash bench/results/train_gpu.sh GGUF 1|2
+#   RUN=/tmp/dry OUT=/tmp/dry/out PYTHON=.venv/bin/python bash bench/scripts/train_gpu.sh GGUF 1|2
 set -euo pipefail
 gguf=${1:?usage: train_gpu.sh GGUF 1|2}
 call=${2:?usage: train_gpu.sh GGUF 1|2}

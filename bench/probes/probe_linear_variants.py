@@ -10,10 +10,10 @@ shipped kernel's output. These timings include the Python time to queue the
 calls; for the GPU's time per launch, `--reps 0` makes one launch of each for
 a profiler (how speed.md section 12 used it):
 
-    python bench/probe_linear_variants.py [--calls 72] [--variants base,u2]
+    python bench/probes/probe_linear_variants.py [--calls 72] [--variants base,u2]
     ncu --clock-control none --csv -k regex:"dflash_block_linear|gemv" \
         --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
-        python bench/probe_linear_variants.py --reps 0 --tilings auto,16x16
+        python bench/probes/probe_linear_variants.py --reps 0 --tilings auto,16x16
 """
 
 import argparse

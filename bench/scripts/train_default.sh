@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The shipped default drafter (mlx_dflash/default_draft) from scratch, in one command:
 #
-#   bash bench/results/train_default.sh GGUF      # the SmolLM2-135M-Instruct Q4_1 GGUF
+#   bash bench/scripts/train_default.sh GGUF      # the SmolLM2-135M-Instruct Q4_1 GGUF
 #
 # on a machine with two H200s (MLX 0.32.4 CUDA, mlx-lm 0.32.2), about 40 minutes:
 #   stage 1 (train_gpu.sh):      the 13.4k 'core' prompts answered (~3 min), a fresh 3-layer

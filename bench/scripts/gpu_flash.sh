@@ -14,13 +14,13 @@ b="python3 -m mlx_dflash.bench --draft engine --block-size 16 --dtype bfloat16 -
 # Call 1 (commit e4c9651: flash.py, attention only): kernel tests, probe, A/B benches.
 python3 -m pytest -q -x tests/test_flash.py
 python3 -m pytest -q tests/test_linear.py
-for ak in off on; do python3 bench/probe_cycle.py qwen3-8b --every 4 --reps 20 --attention-kernel $ak; done | tee $out/h200-probe-cycle-flash.jsonl
+for ak in off on; do python3 bench/probes/probe_cycle.py qwen3-8b --every 4 --reps 20 --attention-kernel $ak; done | tee $out/h200-probe-cycle-flash.jsonl
 $b --no-png --attention-kernel on,off --shape qwen3-8b --suites code --prompts-per-suite 1 --repeats 5 --out $out/h200-flash-qwen3-8b
 $b --no-png --attention-kernel on,off --shape qwen3-8b --suites long_16k --repeats 3 --out $out/h200-flash-qwen3-8b-16k
 
 # Call 2 (uncommitted: the layer block under mx.compile, array offsets, mx.slice_update): dropped.
 python3 -m pytest -q -x tests/test_flash.py
-for ak in off on; do python3 bench/probe_cycle.py qwen3-8b --every 4 --reps 20 --attention-kernel $ak; done | tee $out/h200-probe-cycle-compiled.jsonl
+for ak in off on; do python3 bench/probes/probe_cycle.py qwen3-8b --every 4 --reps 20 --attention-kernel $ak; done | tee $out/h200-probe-cycle-compiled.jsonl
 $b --no-png --attention-kernel on,off --shape qwen3-8b --suites code --prompts-per-suite 1 --repeats 5 --out $out/h200-compiled-qwen3-8b
 $b --no-png --attention-kernel on,off --shape qwen3-8b --suites long_16k --repeats 3 --out $out/h200-compiled-qwen3-8b-16k
 
@@ -30,7 +30,7 @@ python3 -m pytest -q -x tests/test_flash.py -k "noncausal or draft or verify_log
 $b --no-png --attention-kernel on,off --shape qwen3-8b --suites code --prompts-per-suite 1 --repeats 7 --out $out/h200-fused-qwen3-8b
 $b --no-png --attention-kernel on,off --shape qwen3-8b --suites long_16k --repeats 3 --out $out/h200-fused-qwen3-8b-16k
 $b --no-png --shape qwen3.5-9b --suites code --prompts-per-suite 1 --repeats 5 --out $out/h200-fused-qwen3_5-9b
-python3 bench/probe_verify.py qwen3_5_9b --context 1024 --reps 30 | tee $out/h200-probe-verify-9b-fused.jsonl
+python3 bench/probes/probe_verify.py qwen3_5_9b --context 1024 --reps 30 | tee $out/h200-probe-verify-9b-fused.jsonl
 
 # Call 4 (static-slice cache writes in flash.attend; before the host-side trims).
 python3 -m pytest -q -x tests/test_flash.py -k "draft or verify_logits"

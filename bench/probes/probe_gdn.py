@@ -5,7 +5,7 @@ ops loop elsewhere) with MLX core's `mx.fast.gated_delta_update`, on the
 Qwen3.5-9B GatedDeltaNet shape (Hk=16, Hv=32, Dk=Dv=128), bf16 inputs, fp32 state.
 Prints one JSON line per (T, implementation) and the max abs difference.
 
-    python bench/probe_gdn.py
+    python bench/probes/probe_gdn.py
 """
 
 import json

@@ -6,12 +6,12 @@
 # in calls of at most 9.5 minutes on one warm machine, after staging MLX CUDA:
 #
 #   export PYTHONPATH=/root/site:$PWD
-#   call gen:    bash bench/results/train_gpu_wide.sh GGUF gen
+#   call gen:    bash bench/scripts/train_gpu_wide.sh GGUF gen
 #                answer the wide prompts that stage 1's data (STAGE1_DATA) lacks, <= GEN_SECONDS
-#   call train:  bash bench/results/train_gpu_wide.sh GGUF train
+#   call train:  bash bench/scripts/train_gpu_wide.sh GGUF train
 #                fine-tune INIT (the stage-1 drafter) on both; the first call starts the schedule
 #                (TRAIN_SECONDS of training in all), later calls resume it
-#   call last:   bash bench/results/train_gpu_wide.sh GGUF train && bash ... GGUF pack
+#   call last:   bash bench/scripts/train_gpu_wide.sh GGUF train && bash ... GGUF pack
 #                pack: model parts, run.tar (config, report, data.npz, logs) into $OUT
 set -euo pipefail
 gguf=${1:?usage: train_gpu_wide.sh GGUF gen|train|pack}

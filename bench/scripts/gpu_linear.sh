@@ -14,13 +14,13 @@ python3 -m pytest -q tests/test_linear.py tests/test_attention.py
 
 # Per-call cost of a 16-row product: MLX's gemv (1 row), cuBLASLt (16 rows), linear.py (16 rows),
 # and the kernel's tilings; per-node floor of a tiny elementwise op.
-python3 bench/probe_linear.py | tee $out/h200-probe-linear.jsonl
-python3 bench/probe_linear.py --sweep | tee $out/h200-probe-linear-sweep.jsonl
+python3 bench/probes/probe_linear.py | tee $out/h200-probe-linear.jsonl
+python3 bench/probes/probe_linear.py --sweep | tee $out/h200-probe-linear-sweep.jsonl
 
 # Verify anatomy with and without the kernel (context 1k, then 16k and 4k).
-for bl in off on; do python3 bench/probe_cycle.py qwen3-8b --every 4 --reps 20 --block-linear $bl; done
+for bl in off on; do python3 bench/probes/probe_cycle.py qwen3-8b --every 4 --reps 20 --block-linear $bl; done
 for ctx in 16384 4096; do for bl in on off; do
-  python3 bench/probe_cycle.py qwen3-8b --context $ctx --every 4 --reps 20 --block-linear $bl
+  python3 bench/probes/probe_cycle.py qwen3-8b --context $ctx --every 4 --reps 20 --block-linear $bl
 done; done
 
 # Engine-efficiency benches, kernel on and off as two arms of one run.
@@ -35,6 +35,6 @@ $b --shape qwen3-8b --suites code --prompts-per-suite 1 --repeats 7 --out $out/h
 python3 -m pytest -q tests/test_linear.py -k "norm or grouped or verify_logits or bias"
 b="python3 -m mlx_dflash.bench --draft engine --block-size 16 --dtype bfloat16 --peaked --cooldown 0.5 --tau 6.5 --max-tokens 256 --block-linear on,off"
 $b --shape qwen3-8b --suites code --prompts-per-suite 1 --repeats 5 --out $out/h200-layer-qwen3-8b
-python3 bench/probe_verify.py qwen3_5_9b --context 1024 --reps 30 | tee $out/h200-probe-verify-9b.jsonl
+python3 bench/probes/probe_verify.py qwen3_5_9b --context 1024 --reps 30 | tee $out/h200-probe-verify-9b.jsonl
 $b --shape qwen3.5-9b --suites code --prompts-per-suite 1 --repeats 5 --out $out/h200-layer-qwen3_5-9b
 $b --shape qwen3-8b --suites long_16k --repeats 3 --out $out/h200-layer-qwen3-8b-16k

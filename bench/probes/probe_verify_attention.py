@@ -7,7 +7,7 @@ module; for this probe only, that name is swapped *in this process* for a
 function that sends 2..64-query inputs to the ops version. The product does not
 do this (no patching of mlx_lm); the numbers say what a supported hook would buy.
 
-    python bench/probe_verify_attention.py [qwen3-8b] [--contexts 1024 16384] [--reps 10]
+    python bench/probes/probe_verify_attention.py [qwen3-8b] [--contexts 1024 16384] [--reps 10]
 """
 
 import argparse

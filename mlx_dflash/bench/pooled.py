@@ -1,0 +1,75 @@
+"""Numbers pooled per temperature and decoder over a bench run's cases."""
+
+from typing import List
+
+from .stats import summarize
+
+
+def temperature(case: dict) -> float:
+    return case.get("sampling", {}).get("temperature", 0.0)
+
+
+def by_temperature(results: dict) -> List[dict]:
+    """Per temperature and decoder, pooled over cases: τ, both acceptance
+    ratios, per-position acceptance, tok/s and speedup over every timed run."""
+    groups = {}
+    for c in results["cases"]:
+        t = temperature(c)
+        groups.setdefault((t, "mlx_lm (stock)"), []).append((c, c["baseline"], None))
+        for name, a in c["arms"].items():
+            groups.setdefault((t, name), []).append((c, a, c["baseline"]))
+    out = []
+    for (t, name), items in groups.items():
+        row = {
+            "temperature": t,
+            "decoder": name,
+            "cases": len(items),
+            "decode_tps": summarize(
+                [r["decode_tps"] for _, a, _ in items for r in a["per_run"]]
+            ),
+        }
+        if items[0][2] is not None:
+            cycles = sum(a["spec"]["cycles"] for _, a, _ in items)
+            drafted = sum(a["spec"]["drafted"] for _, a, _ in items)
+            accepted = sum(a["spec"]["accepted"] for _, a, _ in items)
+            emitted = sum(
+                a["spec"].get("emitted", 0) + a["spec"]["fallback"]["plain_tokens"]
+                for _, a, _ in items
+            )
+            acc_at = [
+                sum(x)
+                for x in zip(*(a["spec"].get("accepted_at", []) for _, a, _ in items))
+            ]
+            dr_at = [
+                sum(x)
+                for x in zip(*(a["spec"].get("drafted_at", []) for _, a, _ in items))
+            ]
+            matches = [a["token_match"] for _, a, _ in items]
+            row.update(
+                runs=sum(a["spec"].get("runs", 1) for _, a, _ in items),
+                tau=(accepted + cycles) / cycles if cycles else None,
+                tau_per_run=summarize(
+                    [r["tau"] for _, a, _ in items for r in a["per_run"] if "tau" in r]
+                ),
+                acceptance_rate=accepted / drafted if drafted else None,
+                draft_share=accepted / emitted if emitted else 0.0,
+                per_position_acceptance=[
+                    x / d if d else None for x, d in zip(acc_at, dr_at)
+                ],
+                speedup=summarize(
+                    [
+                        r["decode_tps"] / b["decode_tps"]
+                        for _, a, base in items
+                        for r, b in zip(a["per_run"], base["per_run"])
+                    ]
+                ),
+                token_match_pct=(
+                    None
+                    if any(m is None for m in matches)
+                    else sum(m["equal_pct"] for m in matches) / len(matches)
+                ),
+            )
+        out.append(row)
+    return sorted(
+        out, key=lambda r: (r["temperature"], r["decoder"] != "mlx_lm (stock)")
+    )
