@@ -16,10 +16,8 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
-import mlx.nn as nn
 import pytest
 import uvicorn
-from mlx_lm.models.cache import KVCache
 from helpers import BranchModel, ScriptedModel, make_tokenizer
 
 from mlx_dflash.drafters import PromptLookupDrafter
