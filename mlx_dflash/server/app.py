@@ -4,7 +4,7 @@ import hashlib
 import hmac
 import logging
 import time
-from typing import Optional, Sequence, Union
+from typing import Sequence, Union
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
