@@ -98,13 +98,7 @@ def run(args) -> dict:
         local_path(args.model, "--model")  # a missing path, not an unknown target
         args.draft = draft_for(args.model)
         log(args, f"[mlx-dflash] drafter for {args.model}: {args.draft} (registry)")
-    sampling = SamplingParams(
-        temperature=args.temp,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        min_p=args.min_p,
-        seed=args.seed,
-    )
+    sampling = SamplingParams.from_options(args, temperature=args.temp)
     dtype = getattr(mx, args.dtype) if args.dtype else None
     target, tokenizer = load_target(args.model, dtype=dtype)
     info, where = device_info(), backend()

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
-from mlx_lm.models.cache import trim_prompt_cache
 
 from ..decode import Cancelled, generate_step, prefill
 from ..device import backend, device_info
@@ -408,13 +407,7 @@ class Engine:
             stats = SpecStats(self.block_size if speculative else 1)
             sampling = None
             if job.temperature > 0:
-                sampling = SamplingParams(
-                    temperature=job.temperature,
-                    top_p=job.top_p,
-                    top_k=job.top_k,
-                    min_p=job.min_p,
-                    seed=job.seed,
-                )
+                sampling = SamplingParams.from_options(job)
             think = self._think_budget(job)
             detok = tok.detokenizer
             points = None
@@ -487,6 +480,7 @@ class Engine:
                             pending = []
                     if should_stop():
                         cancelled = True
+                        steps.close()  # rewinds the caches to prompt + out[:-1]
                         break
                 if cancelled or out[-1] in eos or len(out) >= job.max_tokens:
                     break
@@ -508,16 +502,9 @@ class Engine:
 
         if cancelled:
             finish = "cancelled"
-            if trimmable and cache:
-                # Keep the prefix: an agent's next turn after a cancel (Esc in
-                # Claude Code) shares it. The cache may hold a few tokens past
-                # `out` (the rest of the verify cycle); trim them off.
-                extra = cache[0].offset - (len(prompt) + len(out) - 1)
-                assert extra >= 0, extra
-                if extra:
-                    trim_prompt_cache(cache, extra)
-                    self.drafter.trim(extra)
-                self._keep(job, prompt + out[:-1], cache)
+            # Keep the prefix: an agent's next turn after a cancel (Esc in
+            # Claude Code) shares it. Closing `steps` left the caches holding it.
+            self._keep(job, prompt + out[:-1], cache)
         else:
             finish = "stop" if out and out[-1] in eos else "length"
             # The cache and drafter now hold exactly prompt + out[:-1].
