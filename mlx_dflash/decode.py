@@ -1,4 +1,4 @@
-"""Speculative decoding: prefill -> draft -> verify -> accept -> commit/rollback.
+"""Speculative decoding: prefill -> propose -> verify -> accept -> commit.
 
 Only this module knows the cycle. Each cycle the drafter proposes up to B-1
 tokens after the anchor (the last emitted token, not yet in any cache), the
@@ -7,7 +7,8 @@ matches the target's own choices is accepted, and the target's token at the
 first mismatch is emitted as the bonus. Caches are then rolled back so that
 they hold exactly the emitted tokens minus the last one, as plain
 autoregressive decoding would. One host sync per cycle. With a `Fallback`
-(fallback.py) some steps are plain: a block of the anchor alone, no draft.
+(fallback.py) some steps are plain: a block of the anchor alone, no draft, or
+a pipelined `PlainStretch`.
 """
 
 import os
@@ -18,7 +19,7 @@ from typing import Any, Callable, Generator, Iterable, List, Optional, Sequence,
 import mlx.core as mx
 
 from .drafters import Drafter
-from .fallback import Fallback, FallbackState
+from .fallback import Fallback, FallbackState, PlainStretch
 from .rollback import rollback, snapshot
 from .sampling import SamplingParams, pick, probs, speculative_accept
 from .stats import SpecStats
@@ -114,8 +115,9 @@ def generate_step(
         should_stop: asked between prefill chunks (see `prefill`); the caller
           checks it between yielded tokens itself.
 
-    When the generator is exhausted, `cache` and the drafter hold
-    `prompt + output[:-1]`, exactly as plain decoding would leave them.
+    When the generator is exhausted, or closed after any token, `cache` and
+    the drafter hold `prompt + output[:-1]` (output: the tokens yielded so
+    far), exactly as plain decoding would leave them.
 
     Yields:
         (token, from_draft) pairs; with `logprobs` set,
@@ -125,177 +127,254 @@ def generate_step(
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     if not prompt:
         raise ValueError("the prompt is empty")
-    params = sampling or SamplingParams()
-    stop = set(int(t) for t in stop_tokens)
-    cache = target.make_cache() if cache is None else cache
-    stats = SpecStats(block_size) if stats is None else stats
-    seed = (
-        params.seed
-        if params.seed is not None
-        else int.from_bytes(os.urandom(4), "little")
-    )
-    key = mx.random.key(seed)
-
-    logits = prefill(
+    d = Decoding(
         target,
-        cache,
+        target.make_cache() if cache is None else cache,
         drafter,
-        prompt,
-        step_size=prefill_step_size,
-        cached=cached,
-        should_stop=should_stop,
+        sampling=sampling or SamplingParams(),
+        block_size=block_size,
+        max_tokens=max_tokens,
+        stop_tokens=stop_tokens,
+        logprobs=logprobs,
+        fallback=fallback,
+        stats=SpecStats(block_size) if stats is None else stats,
     )
-    key, k = mx.random.split(key)
-    first = pick(logits, params, k)
-    lp = _logprobs(logits, first, logprobs)
-    mx.eval(first, lp)
-    y = int(first.item())
-    yield _out(y, False, lp, 0, logprobs)
-    n_out = 1
-    if y in stop or n_out >= max_tokens:
-        return
+    try:
+        logits = prefill(
+            target,
+            d.cache,
+            drafter,
+            prompt,
+            step_size=prefill_step_size,
+            cached=cached,
+            should_stop=should_stop,
+        )
+        yield d.first_token(logits)
+        cycle = None if d.done else d.propose()
+        while not d.done:
+            stretch = d.plain_stretch(cycle)
+            if stretch is not None:
+                yield from ((t, False) for t in stretch)
+                cycle = None if d.done else d.propose()
+                continue
+            logits, features, saved = d.verify(cycle)
+            verdict = d.accept(cycle, logits)  # the one host sync
+            d.commit(cycle, verdict, features, saved)
+            # The next draft runs on the device while the host hands these out.
+            cycle = None if d.done else d.propose()
+            yield from d.hand_out(verdict)
+    finally:
+        d.rewind()
 
-    sampled_drafts = not params.greedy and hasattr(drafter, "propose_sampled")
-    fb = None
-    if fallback is not None and block_size > 1:
-        fb = FallbackState(fallback, block_size)
 
-    def start_cycle(y: int, n_out: int):
+@dataclass
+class Cycle:
+    """A cycle's proposal, already started on the device."""
+
+    plain: bool  # a plain step: no draft, the anchor alone is verified
+    draft: mx.array  # (n,) uint32, n <= B-1
+    q: Optional[mx.array]  # the draft's distributions, when sampled from it
+    probe: Optional[mx.array]  # a fallback probe's draft, checked by plain steps
+    key: mx.array  # what the acceptance draws with
+
+
+@dataclass
+class Verdict:
+    """The target's answer to a cycle's draft."""
+
+    tokens: List[int]  # to emit: accepted drafts, then the target's own token
+    accepted: int  # leading drafts accepted (before the stop / max_tokens cut)
+    drafted: int
+    lp: Optional[dict]  # see `_logprobs`
+    probe: Optional[List[int]]
+
+
+class Decoding:
+    """One generation's state between the steps of `generate_step`: the caches,
+    the PRNG key, the fallback's state, the last token `y` (in no cache yet),
+    and what `rewind` must undo when the caller stops early."""
+
+    def __init__(
+        self,
+        target: Target,
+        cache: List[Any],
+        drafter: Drafter,
+        *,
+        sampling: SamplingParams,
+        block_size: int,
+        max_tokens: int,
+        stop_tokens: Iterable[int],
+        logprobs: Optional[int],
+        fallback: Optional[Fallback],
+        stats: SpecStats,
+    ):
+        self.target, self.cache, self.drafter = target, cache, drafter
+        self.params, self.block_size, self.max_tokens = sampling, block_size, max_tokens
+        self.stop = set(int(t) for t in stop_tokens)
+        self.logprobs, self.stats = logprobs, stats
+        seed = sampling.seed
+        self.key = mx.random.key(
+            seed if seed is not None else int.from_bytes(os.urandom(4), "little")
+        )
+        self.fb = None
+        if fallback is not None and block_size > 1:
+            self.fb = FallbackState(fallback, block_size)
+        self.sampled_drafts = not sampling.greedy and hasattr(
+            drafter, "propose_sampled"
+        )
+        self.y: Optional[int] = None
+        self.n_out = 0
+        self.tic = 0.0  # when the current step began (the fallback weighs it)
+        # The caches hold `held` positions of a cycle of which the caller has
+        # `handed`; or a plain stretch, which settles itself.
+        self.pending: Optional[PlainStretch] = None
+        self.held = self.handed = 0
+        self.saved: Optional[dict] = None
+
+    @property
+    def done(self) -> bool:
+        return self.y in self.stop or self.n_out >= self.max_tokens
+
+    def advance(self, tokens: List[int]):
+        self.n_out += len(tokens)
+        self.y = tokens[-1]
+
+    def first_token(self, logits: mx.array) -> tuple:
+        """The target's own choice after the prompt (caches hold the prompt)."""
+        self.key, k = mx.random.split(self.key)
+        first = pick(logits, self.params, k)
+        lp = _logprobs(logits, first, self.logprobs)
+        mx.eval(first, lp)
+        self.advance([int(first.item())])
+        return _out(self.y, False, lp, 0, self.logprobs)
+
+    def propose(self) -> Cycle:
         """Draft the next cycle and start it on the device, so the draft runs
         while the host hands out tokens and builds the verify graph."""
-        nonlocal key
+        self.tic = time.perf_counter()
+        fb = self.fb
         plain = fb is not None and fb.plain
-        block = block_size if fb is None else fb.block
+        block = self.block_size if fb is None else fb.block
         # Never verify more than can still be emitted: exact max_tokens, less work.
-        n_draft = 0 if plain else min(block, max_tokens - n_out) - 1
-        key, k_draft, k_accept = mx.random.split(key, 3)
+        n_draft = 0 if plain else min(block, self.max_tokens - self.n_out) - 1
+        self.key, k_draft, k_accept = mx.random.split(self.key, 3)
         q = None
         if n_draft == 0:
             draft = mx.array([], mx.uint32)
-        elif sampled_drafts:
-            draft, q = drafter.propose_sampled(y, n_draft, params, k_draft)
+        elif self.sampled_drafts:
+            draft, q = self.drafter.propose_sampled(
+                self.y, n_draft, self.params, k_draft
+            )
         else:
-            draft = drafter.propose(y, n_draft)
+            draft = self.drafter.propose(self.y, n_draft)
         draft = draft.astype(mx.uint32)
         # A fallback probe drafts without verifying; later plain steps check it.
-        probe = drafter.propose(y, fb.probe - 1) if plain and fb.probe_now else None
+        probe = None
+        if plain and fb.probe_now:
+            probe = self.drafter.propose(self.y, fb.probe - 1)
         pending = [x for x in (draft, q, probe) if x is not None and x.size]
         if pending:
             mx.async_eval(pending)
-        return plain, draft, q, probe, k_accept
+        return Cycle(plain, draft, q, probe, k_accept)
 
-    def plain_step(x: mx.array):
+    def plain_stretch(self, cycle: Cycle) -> Optional[PlainStretch]:
+        """The plain steps ahead that need no decision in between, if any
+        (run pipelined; with logprobs, plain steps go one at a time)."""
+        if not cycle.plain or self.logprobs is not None:
+            return None
+        n = min(self.fb.plain_run, self.max_tokens - self.n_out)
+        if n == 0:
+            return None
+        self.pending = PlainStretch(self, n)
+        return self.pending
+
+    def plain_step(self, x: mx.array) -> Tuple[mx.array, Optional[mx.array]]:
         """One plain step on the (lazy) token `x`, queued on the device."""
-        nonlocal key
-        logits, features = target.forward(x.reshape(1, 1), cache)
+        logits, features = self.target.forward(x.reshape(1, 1), self.cache)
         k = None
-        if not params.greedy:
-            key, k = mx.random.split(key)
-        t = pick(logits[0, -1], params, k).astype(mx.uint32)
+        if not self.params.greedy:
+            self.key, k = mx.random.split(self.key)
+        t = pick(logits[0, -1], self.params, k).astype(mx.uint32)
         mx.async_eval(t)
         return t, features
 
-    tic = time.perf_counter()
-    cycle = start_cycle(y, n_out)
-    while True:
-        plain, draft, q, probe, k_accept = cycle
-        # --- plain stretch: no decision until its probe step, so pipeline it
-        n_run = (
-            min(fb.plain_run, max_tokens - n_out) if plain and logprobs is None else 0
-        )
-        if n_run:
-            # mlx_lm's own loop: step t+1 is queued before step t's token is read.
-            emitted, feats = [], []
-            nxt, f = plain_step(mx.array(y, mx.uint32))
-            for i in range(n_run):
-                cur = nxt
-                feats.append(f)
-                if i + 1 < n_run:
-                    saved = snapshot(cache, target.delta_taps)
-                    nxt, f = plain_step(cur)
-                t = cur.item()
-                emitted.append(t)
-                last = t in stop or i + 1 == n_run
-                if last:  # account before the last yield: the caller may stop there
-                    if i + 1 < n_run:  # undo the step queued after the stop token
-                        rollback(cache, target.delta_taps, saved, verified=1, kept=0)
-                    drafter.commit(
-                        [y] + emitted[:-1],
-                        None if f is None else mx.concatenate(feats, axis=1),
-                    )
-                    now = time.perf_counter()
-                    stats.plain_tokens += len(emitted)
-                    stats.plain_seconds += now - tic
-                    fb.after_plain_run(len(emitted), now - tic)
-                    n_out += len(emitted)
-                    y = t
-                yield _out(t, False, None, 0, None)
-                if last:
-                    break
-            if y in stop or n_out >= max_tokens:
-                return
-            tic = time.perf_counter()
-            cycle = start_cycle(y, n_out)
-            continue
+    def verify(self, cycle: Cycle):
+        """One target pass over `[anchor, draft]`: its logits and captured
+        features, and the recurrent states from before it (for `rollback`)."""
+        tokens = mx.concatenate([mx.array([self.y], dtype=mx.uint32), cycle.draft])
+        saved = snapshot(self.cache, self.target.delta_taps)
+        logits, features = self.target.forward(tokens[None], self.cache, flush=True)
+        return logits[0], features, saved
 
-        verify_in = mx.concatenate([mx.array([y], dtype=mx.uint32), draft])
-        saved = snapshot(cache, target.delta_taps)
-        logits, features = target.forward(verify_in[None], cache, flush=True)
-        logits = logits[0]
-        if params.greedy:
+    def accept(self, cycle: Cycle, logits: mx.array) -> Verdict:
+        """The longest accepted draft prefix and the target's token after it,
+        cut at a stop token and at `max_tokens`. Reads the device once."""
+        draft = cycle.draft
+        if self.params.greedy:
             candidates = mx.argmax(logits, axis=-1)
             accepted = draft == candidates[:-1]
         else:
-            p = probs(logits, params)
-            accepted, candidates = speculative_accept(draft, q, p, k_accept)
-        lp = _logprobs(logits, candidates, logprobs, draft)
-
-        # --- accept: the one host sync of the cycle
-        mx.eval(accepted, candidates, draft, lp, probe)
-        accepted, candidates, draft = (
-            accepted.tolist(),
-            candidates.tolist(),
-            draft.tolist(),
-        )
+            p = probs(logits, self.params)
+            accepted, candidates = speculative_accept(draft, cycle.q, p, cycle.key)
+        lp = _logprobs(logits, candidates, self.logprobs, draft)
+        mx.eval(accepted, candidates, draft, lp, cycle.probe)
+        accepted, candidates = accepted.tolist(), candidates.tolist()
+        draft = draft.tolist()
         a = 0
         while a < len(draft) and accepted[a]:
             a += 1
-        emitted = draft[:a] + [candidates[a]]
-        for i, t in enumerate(emitted):
-            if t in stop:
-                emitted = emitted[: i + 1]
+        tokens = draft[:a] + [candidates[a]]
+        for i, t in enumerate(tokens):
+            if t in self.stop:
+                tokens = tokens[: i + 1]
                 break
-        emitted = emitted[: max_tokens - n_out]
-        m = len(emitted)
+        tokens = tokens[: self.max_tokens - self.n_out]
+        probe = None if cycle.probe is None else cycle.probe.tolist()
+        return Verdict(tokens, a, len(draft), lp, probe)
 
-        # --- commit / rollback: caches keep anchor + emitted[:-1]
-        kept = m
-        rollback(cache, target.delta_taps, saved, verified=len(draft) + 1, kept=kept)
-        drafter.commit(
-            [y] + emitted[:-1], None if features is None else features[:, :kept]
+    def commit(self, cycle: Cycle, v: Verdict, features, saved):
+        """Caches keep anchor + tokens[:-1]; the drafter gets those positions'
+        features; the stats and the fallback hear how the cycle went."""
+        m = len(v.tokens)
+        verified = v.drafted + 1
+        rollback(self.cache, self.target.delta_taps, saved, verified=verified, kept=m)
+        self.drafter.commit(
+            [self.y] + v.tokens[:-1], None if features is None else features[:, :m]
         )
-        now = time.perf_counter()
-        if plain:
-            stats.plain_tokens += m
-            stats.plain_seconds += now - tic
-            probe = None if probe is None else probe.tolist()
-            fb.after_plain(now - tic, emitted[0], probe, stats)
+        seconds = time.perf_counter() - self.tic
+        accepted = min(v.accepted, m)
+        if cycle.plain:
+            self.fb.after_plain(seconds, v.tokens[0], v.probe, self.stats)
         else:
-            stats.record(drafted=len(draft), accepted=min(a, m), emitted=m)
-            stats.spec_seconds += now - tic
-            if fb is not None:
-                fb.after_spec(len(draft) + 1, min(a, m), m, now - tic, stats)
+            self.stats.record(drafted=v.drafted, accepted=accepted, emitted=m)
+            self.stats.spec_seconds += seconds
+            if self.fb is not None:
+                self.fb.after_spec(verified, accepted, m, seconds, self.stats)
+        self.pending, self.saved, self.held, self.handed = None, saved, m, 0
+        self.advance(v.tokens)
 
-        n_out += m
-        y = emitted[-1]
-        done = y in stop or n_out >= max_tokens
-        tic = time.perf_counter()
-        if not done:
-            cycle = start_cycle(y, n_out)
-        for i, t in enumerate(emitted):
-            yield _out(t, i < a, lp, i, logprobs, from_draft_row=i < a)
-        if done:
-            return
+    def hand_out(self, v: Verdict):
+        for i, t in enumerate(v.tokens):
+            self.handed = i + 1
+            yield _out(t, i < v.accepted, v.lp, i, self.logprobs, i < v.accepted)
+
+    def rewind(self):
+        """Leave the caches holding the tokens handed out but the last, as if
+        the generation had ended there (a no-op once all are handed out)."""
+        if self.pending is not None:
+            self.pending.settle()
+        elif self.handed < self.held:
+            # The verify pass's snapshot and captures are still the latest:
+            # roll back again from them, now to the tokens handed out.
+            rollback(
+                self.cache,
+                self.target.delta_taps,
+                self.saved,
+                verified=self.held,
+                kept=self.handed,
+            )
+            self.drafter.trim(self.held - self.handed)
+            self.held = self.handed
 
 
 def _logprobs(logits, candidates, top: Optional[int], draft=None):

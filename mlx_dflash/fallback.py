@@ -22,14 +22,23 @@ a slow backend even a 2-token verify costs well over a plain step. So:
 - With timing-based decisions (the default) the first step is plain, to
   measure a plain step, and the second is a probe.
 Plain steps draft nothing (probes aside); the drafter only receives the
-committed tokens' target features, which the next proposal needs.
+committed tokens' target features, which the next proposal needs. The plain
+steps of a stretch up to its probe need no decision, so `PlainStretch` runs
+them pipelined.
 """
 
+import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Deque, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Deque, Dict, Iterator, List, Optional, Tuple
 
+import mlx.core as mx
+
+from .rollback import rollback, snapshot
 from .stats import SpecStats
+
+if TYPE_CHECKING:
+    from .decode import Decoding
 
 # Break-even tokens per cycle before a probe-sized cycle has been timed:
 # speculate if one draft would be accepted, then let the timings decide.
@@ -117,15 +126,20 @@ class FallbackState:
         its probe step), which `decode` may run pipelined."""
         return self.plain_left - 1 if self.shadow is None and self.plain_left > 1 else 0
 
-    def after_plain_run(self, tokens: int, seconds: float):
+    def after_plain_run(self, tokens: int, seconds: float, stats: SpecStats):
         """`tokens` plain steps (at most `plain_run`) took `seconds` in all."""
         assert 0 < tokens <= self.plain_run
+        stats.plain_tokens += tokens
+        stats.plain_seconds += seconds
         self.plain_cost = _ema(self.plain_cost, seconds / tokens)
         self.plain_left -= tokens
 
     def after_plain(
         self, seconds: float, token: int, probe: Optional[List[int]], stats: SpecStats
     ):
+        """One plain step gave `token` in `seconds`; `probe`: its probe's draft."""
+        stats.plain_tokens += 1
+        stats.plain_seconds += seconds
         if probe is None:  # a probe step also paid for a draft pass
             self.plain_cost = _ema(self.plain_cost, seconds)
         if self.plain_left > 0:
@@ -185,6 +199,54 @@ class FallbackState:
         self.stretch = min(2 * self.stretch, self.cfg.max_plain)
         self.block = self.probe
         self.recent.clear()
+
+
+class PlainStretch:
+    """Up to `n` plain steps after the anchor `d.y`, pipelined as mlx_lm's own
+    loop: step t+1 is queued before step t's token is read. Iterating yields
+    the tokens; `settle` (before the last token, or when the caller stops
+    early) makes the caches hold anchor + tokens[:-1] and reports the stretch."""
+
+    def __init__(self, d: "Decoding", n: int):
+        self.d, self.n, self.anchor = d, n, d.y
+        self.tokens: List[int] = []
+        self.features: List[Optional[mx.array]] = []
+        self.queued: Optional[dict] = None  # snapshot before the step queued ahead
+        self.settled = False
+
+    def __iter__(self) -> Iterator[int]:
+        d = self.d
+        nxt, f = d.plain_step(mx.array(self.anchor, mx.uint32))
+        for i in range(self.n):
+            cur = nxt
+            self.features.append(f)
+            self.queued = None
+            if i + 1 < self.n:
+                self.queued = snapshot(d.cache, d.target.delta_taps)
+                nxt, f = d.plain_step(cur)
+            t = cur.item()
+            self.tokens.append(t)
+            last = t in d.stop or i + 1 == self.n
+            if last:  # settle before the last yield: the caller may stop there
+                self.settle()
+            yield t
+            if last:
+                return
+
+    def settle(self):
+        if self.settled or not self.tokens:
+            return
+        self.settled = True
+        d = self.d
+        if self.queued is not None:  # undo the step queued after the last token
+            rollback(d.cache, d.target.delta_taps, self.queued, verified=1, kept=0)
+        f = self.features
+        d.drafter.commit(
+            [self.anchor] + self.tokens[:-1],
+            None if f[0] is None else mx.concatenate(f, axis=1),
+        )
+        d.fb.after_plain_run(len(self.tokens), time.perf_counter() - d.tic, d.stats)
+        d.advance(self.tokens)
 
 
 def _ema(old: Optional[float], new: float) -> float:

@@ -90,13 +90,7 @@ def log(args, message: str):
 def run(args) -> dict:
     check_engine_args(args)
     prompt_text = read_prompt(args.prompt)
-    sampling = SamplingParams(
-        temperature=args.temp,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        min_p=args.min_p,
-        seed=args.seed,
-    )
+    sampling = SamplingParams.from_options(args, temperature=args.temp)
     options = engine_options(args)
     pair = load_pair(args.model, args.draft, **options)
     target, tokenizer, drafter = pair.target, pair.tokenizer, pair.drafter

@@ -37,6 +37,18 @@ class SamplingParams:
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
 
+    @classmethod
+    def from_options(cls, options, *, temperature=None) -> "SamplingParams":
+        """From anything with `top_p`, `top_k`, `min_p` and `seed` attributes
+        (parsed flags, a server job), and its `temperature` unless given."""
+        return cls(
+            temperature=options.temperature if temperature is None else temperature,
+            top_p=options.top_p,
+            top_k=options.top_k,
+            min_p=options.min_p,
+            seed=options.seed,
+        )
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0

@@ -1,6 +1,6 @@
 """Statistics of one speculative generation: acceptance, and time per decoding mode."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import List, Optional
 
 
@@ -48,6 +48,18 @@ class SpecStats:
             self.drafted_at[i] += 1
         for i in range(accepted):
             self.accepted_at[i] += 1
+
+    def merge(self, other: "SpecStats") -> "SpecStats":
+        """Add `other`'s counts and seconds to these (pooling runs); returns self."""
+        for f in fields(self):
+            if f.name == "block_size":
+                continue
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(a, list):
+                a[:] = [x + y for x, y in zip(a, b)]
+            else:
+                setattr(self, f.name, a + b)
+        return self
 
     @property
     def tau(self) -> Optional[float]:

@@ -97,3 +97,81 @@ def test_stop_inside_pipelined_plain_stretch(family, bucket):
     assert_same_cache(cache, autoregressive_cache(model, out[:-1]))
     # The drafter saw every committed token: its context is whole.
     assert drafter.length == len(PROMPT) + len(out) - 1
+
+
+def _random_dflash(target):
+    from mlx_dflash.draft import DFlashDraft, DraftArgs
+    from mlx_dflash.drafters import DFlashDrafter
+
+    mx.random.seed(1)
+    args = DraftArgs(
+        hidden_size=target.hidden_size,
+        intermediate_size=96,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-5,
+        vocab_size=VOCAB,
+        target_layer_ids=[1, 2],
+        mask_token_id=VOCAB - 1,
+        rope_theta=10000.0,
+    )
+    draft = DFlashDraft(args)
+    draft.set_dtype(mx.float32)
+    target.set_capture_layers(args.target_layer_ids)
+    return DFlashDrafter(draft, target)
+
+
+def _drafter_length(drafter):
+    if isinstance(drafter, OracleDrafter):
+        return drafter.length
+    return drafter.cache[0].offset
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+@pytest.mark.parametrize("temperature", [0.0, 0.1])
+@pytest.mark.parametrize("mode", ["spec", "plain", "dflash"])
+def test_close_mid_cycle_rewinds_caches(family, temperature, mode):
+    """A caller that stops early just closes the generator: its `finally`
+    leaves the caches and the drafter holding prompt + received[:-1], as plain
+    decoding of the tokens received would (mid-cycle, mid plain stretch)."""
+    from mlx_dflash.fallback import Fallback
+    from mlx_dflash.sampling import SamplingParams
+
+    model = tiny_model(family)
+    ref = [t for t, _ in stock_generate_step(mx.array(PROMPT), model, max_tokens=40)]
+    sampling = SamplingParams(temperature=temperature, seed=3)
+    # "spec": whole cycles of 16, then partial ones. "plain": every draft
+    # wrong, so pipelined plain stretches of 8, 16; "dflash" (random) too.
+    schedule, fallback = [15, 15, 5, 9], None
+    if mode != "spec":
+        schedule, fallback = [0] * 100, Fallback(window=1, break_even=2.0)
+    overshoot = []
+    for stop_after in range(1, 30, 3):
+        target = Target(model)
+        cache = target.make_cache()
+        if mode == "dflash":
+            drafter = _random_dflash(target)
+        else:
+            drafter = OracleDrafter(PROMPT + ref, vocab_size=VOCAB, schedule=schedule)
+        steps = generate_step(
+            target,
+            PROMPT,
+            drafter,
+            cache=cache,
+            max_tokens=40,
+            sampling=sampling,
+            fallback=fallback,
+        )
+        out = [t for _, (t, _) in zip(range(stop_after), steps)]
+        n = len(PROMPT) + len(out) - 1
+        attention = next(c for c in cache if isinstance(c, KVCache))
+        overshoot.append(attention.offset - n)
+        steps.close()
+        if temperature == 0:
+            assert out == ref[:stop_after]
+        assert_same_cache(cache, autoregressive_cache(model, out[:-1]))
+        assert _drafter_length(drafter) == n
+    # Some of those stops fell inside a cycle or stretch, past the tokens given.
+    assert max(overshoot) > 0, overshoot

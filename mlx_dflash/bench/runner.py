@@ -164,18 +164,7 @@ def pool_stats(stats: Sequence[SpecStats]) -> dict:
     """
     pooled = SpecStats(stats[0].block_size)
     for st in stats:
-        pooled.cycles += st.cycles
-        pooled.drafted += st.drafted
-        pooled.accepted += st.accepted
-        pooled.emitted += st.emitted
-        pooled.plain_tokens += st.plain_tokens
-        pooled.plain_seconds += st.plain_seconds
-        pooled.spec_seconds += st.spec_seconds
-        pooled.fallbacks += st.fallbacks
-        pooled.probes += st.probes
-        for i, (a, d) in enumerate(zip(st.accepted_at, st.drafted_at)):
-            pooled.accepted_at[i] += a
-            pooled.drafted_at[i] += d
+        pooled.merge(st)
     out = pooled.as_dict()
     out.update(
         runs=len(stats),

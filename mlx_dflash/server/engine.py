@@ -463,6 +463,7 @@ class Engine:
                             pending = []
                     if should_stop():
                         cancelled = True
+                        steps.close()  # rewinds the caches to prompt + out[:-1]
                         break
                 if cancelled or out[-1] in eos or len(out) >= job.max_tokens:
                     break

@@ -32,7 +32,6 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from mlx_lm.models.cache import trim_prompt_cache
 
 # Claude Code puts a per-request nonce line in system[0] and a changing
 # `<total_tokens>` marker in reminders; either one at the front of the prompt
@@ -284,19 +283,10 @@ class PromptCache:
         self, tokens: Sequence[int], cache: List[Any], drafter, key: Optional[str] = None
     ):
         """Keep a cancelled generation's prompt + reply[:-1] (`tokens`): an agent's
-        next turn after a cancel (Esc in Claude Code) shares it.
-
-        The cache may hold a few tokens past them (the rest of the verify
-        cycle); they are trimmed off. An untrimmable cache is not kept.
-        """
-        if not cache or not all(c.is_trimmable() for c in cache):
-            return
-        extra = cache[0].offset - len(tokens)
-        assert extra >= 0, extra
-        if extra:
-            trim_prompt_cache(cache, extra)
-            drafter.trim(extra)
-        self.keep(tokens, cache, drafter, key)
+        next turn after a cancel (Esc in Claude Code) shares it. Closing the
+        decode generator rewound the caches to exactly those tokens."""
+        if cache:
+            self.keep(tokens, cache, drafter, key)
 
 
 def _cut(entry: Entry, n: int) -> List[Any]:
