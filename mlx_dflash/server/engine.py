@@ -8,6 +8,7 @@ longer than `stall_seconds`, passed its deadline, or the server shuts down.
 
 import asyncio
 import dataclasses
+import gc
 import logging
 import queue
 import threading
@@ -268,8 +269,11 @@ class Engine:
             job.finished.set()
             del job
             if self._queue.empty():
-                # Idle: hand MLX's buffer pool back to the system. Live arrays
-                # (weights, prompt cache) stay; the next request re-allocates.
+                # Idle: free what a finished generation left in reference
+                # cycles (its arrays would otherwise live until Python's next
+                # collection), then hand MLX's buffer pool back to the system.
+                # Live arrays (weights, prompt cache) stay.
+                gc.collect()
                 mx.clear_cache()
         self.alive = False
 
