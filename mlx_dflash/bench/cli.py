@@ -341,16 +341,7 @@ def sampling_settings(args) -> List[SamplingParams]:
     """One `SamplingParams` per `--temp` value (validated there), seeded with `--seed`."""
     if not args.temp:
         raise ValueError("--temp needs at least one temperature")
-    return [
-        SamplingParams(
-            temperature=t,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            min_p=args.min_p,
-            seed=args.seed,
-        )
-        for t in args.temp
-    ]
+    return [SamplingParams.from_options(args, temperature=t) for t in args.temp]
 
 
 def run(args, argv) -> dict:
