@@ -49,3 +49,22 @@ def draft_dir(tmp_path):
     from helpers import write, zlab_config, zlab_weights
 
     return str(write(tmp_path / "draft", zlab_config(), zlab_weights()))
+
+
+@pytest.fixture(scope="module")
+def servers():
+    """One scripted server per Qwen tool format (helpers.CHAINS)."""
+    from helpers import CHAINS, qwen_tokenizer, scripted_server
+    from mlx_lm.tool_parsers import json_tools, qwen3_coder
+
+    out = {}
+    for fmt, chain in CHAINS.items():
+        words = [w for w in chain if w not in ("<think>", "</think>", "<tool_call>")]
+        if fmt == "json":  # Qwen3: the model opens the think block itself
+            tok = qwen_tokenizer(words, json_tools, opens_think=False)
+        else:  # Qwen3.5 / Qwen3-Coder: the prompt opens it
+            tok = qwen_tokenizer(words, qwen3_coder, opens_think=True)
+        out[fmt] = scripted_server(chain, tok)
+    yield out
+    for s in out.values():
+        s.close()

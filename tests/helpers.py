@@ -558,3 +558,113 @@ class BranchModel(nn.Module):
 
     def make_cache(self):
         return [KVCache()]
+
+
+# ---- Qwen tool formats and reasoning (scripted) ---------------------------------
+
+# Qwen3.5's switch: the generation prompt opens the think block, or closes it.
+THINK_TEMPLATE = TEMPLATE.replace(
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}"
+    "<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}",
+)
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string"},
+        "days": {"type": "integer"},
+        "metric": {"type": "boolean"},
+        "hours": {"type": "array"},
+    },
+}
+TOOLS_OA = [
+    {"type": "function", "function": {"name": n, "description": d, "parameters": p}}
+    for n, d, p in [
+        ("get_weather", "Weather", WEATHER),
+        ("get_time", "The time", {"type": "object", "properties": {}}),
+    ]
+]
+TOOLS_AN = [
+    {"name": t["function"]["name"], "input_schema": t["function"]["parameters"]}
+    for t in TOOLS_OA
+]
+# Values by the schema: "075" stays a string, the rest are parsed.
+CALLS = [
+    ("get_weather", {"city": "075", "days": 3, "metric": True, "hours": [9, 12]}),
+    ("get_time", {}),
+]
+XML_ARGS = (
+    "<parameter=days>\n3\n</parameter>\n<parameter=metric>\ntrue\n</parameter>\n"
+    "<parameter=hours>\n[9, 12]\n</parameter>\n"
+)
+REASONING, ANSWER = "hmm, weather", "Let me check."
+# Each chain follows the prompt's last token ("\n"). Markers are cut across
+# tokens; every format also writes a call with no name, which must vanish.
+CHAINS = {
+    "xml": [
+        "hmm, weather",
+        "</think>",
+        "\n\nLet me check.",
+        "\n\n",
+        "<tool_call>",
+        "\n<func",
+        "tion=get_weather>\n<param",
+        "eter=city>\n075\n</para",
+        "meter>\n" + XML_ARGS + "</function>\n</tool",
+        "_call>\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>",
+        "\n<tool_call>\n<function=>\n</function>\n</tool_call>",
+    ],
+    "bare": [
+        "hmm, weather",
+        "</think>",
+        "\n\nLet me check.",
+        "\n\n<fun",
+        "ction=get_weather>\n<parameter=city>\n075\n</parameter>\n" + XML_ARGS,
+        "</func",
+        "tion>\n</tool_call>\n<function=get_time>\n</function>",
+        "\n<function=>\n</function>",
+    ],
+    "json": [
+        "<think>",
+        "hmm, weather",
+        "</th",
+        "ink>\n\nLet me check.",
+        "\n\n<tool_call>",
+        '\n{"name": "get_weather", "argu',
+        'ments": {"city": "075", "days": 3, "metric": true, "hours": [9, 12]}}'
+        "\n</tool_",
+        'call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',
+        '\n<tool_call>\n{"name": "", "arguments": {}}\n</tool_call>',
+    ],
+}
+MARKUP = ["<tool_call", "</tool_call", "<function", "</function", "<parameter"]
+MARKUP += ["</parameter", "<think", "</think", "tool_call>"]
+
+
+def qwen_tokenizer(words, parser, *, opens_think: bool) -> TokenizerWrapper:
+    """The test tokenizer with think tokens and an mlx_lm tool parser module."""
+    hf = make_tokenizer(words, think=True)._tokenizer
+    if opens_think:
+        hf.chat_template = THINK_TEMPLATE
+    return TokenizerWrapper(
+        hf,
+        tool_parser=parser.parse_tool_call,
+        tool_call_start=parser.tool_call_start,
+        tool_call_end=parser.tool_call_end,
+    )
+
+
+def scripted_server(chain, tok) -> LiveServer:
+    chain = ["\n", *chain, "<|im_end|>"]
+    ids = [tok.convert_tokens_to_ids(w) for w in chain]
+    assert len(set(ids)) == len(ids) and tok.unk_token_id not in ids
+    target = Target(ScriptedModel(len(tok), dict(zip(ids, ids[1:])), ids[-1]))
+    return LiveServer(lambda: (target, tok, PromptLookupDrafter(), 4))
+
+
+def no_markup(text):
+    assert not any(m in (text or "") for m in MARKUP), text
+
+
+MSGS = [{"role": "user", "content": "Weather?"}]

@@ -1,6 +1,6 @@
 """Qwen tool calls and reasoning through POST /v1/responses, streaming and not.
 
-The scripted targets of test_server_reasoning_tools write each Qwen tool format
+The scripted targets of helpers (the `servers` fixture) write each Qwen tool format
 (XML in `<tool_call>`, a bare `<function=…>` block, JSON) with its markers cut
 across tokens; here the official openai SDK reads them back as Responses
 output items. A `BranchModel` (helpers) answers in text once the
@@ -10,16 +10,17 @@ function_call_output it reads holds its marker: a real tool round trip.
 import json
 
 import pytest
-from helpers import BranchModel, LiveServer, make_tokenizer
-from test_server_reasoning_tools import (  # noqa: F401 - servers is a fixture
+from helpers import (
     ANSWER,
     CALLS,
     CHAINS,
     MSGS,
     REASONING,
     TOOLS_OA,
+    BranchModel,
+    LiveServer,
+    make_tokenizer,
     no_markup,
-    servers,
 )
 
 from mlx_dflash.drafters import PromptLookupDrafter
