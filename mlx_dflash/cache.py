@@ -13,6 +13,11 @@ still `trim` (it only moves `offset`). It is a subclass passed in via
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
+# The largest input that is a verify or draft block (anchor + drafted tokens):
+# bucketed attention, the block kernels and GatedDeltaNet step states take
+# inputs of 2 .. MAX_BLOCK rows; longer ones are prefill chunks.
+MAX_BLOCK = 64
+
 
 class BucketKVCache(KVCache):
     step = 256
@@ -21,7 +26,7 @@ class BucketKVCache(KVCache):
     # few, so their per-length compiles do not matter. One-token inputs (plain
     # steps) get exact keys and no mask, as stock decoding does: the one-query
     # kernel takes any key length without a compile.
-    max_bucketed = 64
+    max_bucketed = MAX_BLOCK
 
     def bucketed(self, n: int) -> bool:
         return 1 < n <= self.max_bucketed

@@ -21,6 +21,7 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..cache import MAX_BLOCK
 from ..wrapper import Wrapper, class_name
 from . import flash
 from .linear import fusable
@@ -34,7 +35,6 @@ MIRRORED = {
     "mlx_lm.models.qwen3_moe.Attention",
 }
 
-MAX_BLOCK = 64  # BucketKVCache.max_bucketed: the inputs that are verify blocks
 
 
 def folded_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask):

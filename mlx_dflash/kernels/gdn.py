@@ -22,6 +22,7 @@ import mlx.nn as nn
 from mlx_lm.models.gated_delta import compute_g, gated_delta_update, normalize_qk
 from mlx_lm.models.qwen3_5 import GatedDeltaNet
 
+from ..cache import MAX_BLOCK
 from ..wrapper import Wrapper
 
 _HEADER = """
@@ -127,7 +128,7 @@ def gated_delta_cuda(q, k, v, g, beta, state, step_states: bool = False):
 
 # Verify blocks keep every step's state for rollback; longer forwards (prefill
 # chunks) keep only the final one.
-MAX_STEP_STATES = 64
+MAX_STEP_STATES = MAX_BLOCK
 
 
 class StepStates:

@@ -21,9 +21,10 @@ from typing import List, Optional, Sequence
 
 import mlx.core as mx
 
+from ..cache import MAX_BLOCK
 from .mma import PTX_TYPE, header
 
-MAX_ROWS = 64  # 4 tiles of 16 rows; verify and draft blocks
+MAX_ROWS = MAX_BLOCK  # 4 tiles of 16 rows; verify and draft blocks
 WARPS = 8  # per block, splitting K (16 for one row tile where K allows)
 K_CHUNK = 64  # K consumed by one warp step: 4 lanes x 16 values
 COLS = 16  # output columns per block
