@@ -28,7 +28,7 @@ from helpers import (
 )
 
 from mlx_dflash.drafters import PromptLookupDrafter
-from mlx_dflash.server.responses_api import ResponsesRequest, _template_args
+from mlx_dflash.server.responses_schema import ResponsesRequest, template_args
 from mlx_dflash.target import Target
 
 EVENT = TypeAdapter(ResponseStreamEvent)
@@ -224,10 +224,10 @@ def test_hosted_tools_are_dropped_and_namespaces_kept(tool_srv):
 
 def test_reasoning_effort_sets_the_thinking_switch():
     def args(effort):
-        return _template_args(ResponsesRequest(model="x", reasoning={"effort": effort}))
+        return template_args(ResponsesRequest(model="x", reasoning={"effort": effort}))
 
     assert (
-        _template_args(ResponsesRequest(model="x", reasoning={"summary": "auto"}))
+        template_args(ResponsesRequest(model="x", reasoning={"summary": "auto"}))
         is None
     )
     assert args("none") == {"enable_thinking": False, "reasoning_effort": "low"}
