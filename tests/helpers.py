@@ -578,16 +578,16 @@ WEATHER = {
         "hours": {"type": "array"},
     },
 }
-TOOLS_OA = [
+QWEN_TOOLS_OA = [
     {"type": "function", "function": {"name": n, "description": d, "parameters": p}}
     for n, d, p in [
         ("get_weather", "Weather", WEATHER),
         ("get_time", "The time", {"type": "object", "properties": {}}),
     ]
 ]
-TOOLS_AN = [
+QWEN_TOOLS_AN = [
     {"name": t["function"]["name"], "input_schema": t["function"]["parameters"]}
-    for t in TOOLS_OA
+    for t in QWEN_TOOLS_OA
 ]
 # Values by the schema: "075" stays a string, the rest are parsed.
 CALLS = [

@@ -16,7 +16,7 @@ from helpers import (
     CHAINS,
     MSGS,
     REASONING,
-    TOOLS_OA,
+    QWEN_TOOLS_OA,
     BranchModel,
     LiveServer,
     make_tokenizer,
@@ -26,7 +26,7 @@ from helpers import (
 from mlx_dflash.drafters import PromptLookupDrafter
 from mlx_dflash.target import Target
 
-TOOLS_RS = [{"type": "function", **t["function"]} for t in TOOLS_OA]
+TOOLS_RS = [{"type": "function", **t["function"]} for t in QWEN_TOOLS_OA]
 
 
 def stream_events(srv, **kw) -> list:

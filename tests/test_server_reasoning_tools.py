@@ -17,8 +17,8 @@ from helpers import (
     CHAINS,
     MSGS,
     REASONING,
-    TOOLS_AN,
-    TOOLS_OA,
+    QWEN_TOOLS_AN,
+    QWEN_TOOLS_OA,
     LiveServer,
     ScriptedModel,
     chat_model,
@@ -46,7 +46,7 @@ def test_tool_syntax_is_picked_from_the_parser(servers):
 @pytest.mark.parametrize("fmt", list(CHAINS))
 def test_chat_tool_calls(servers, fmt, stream):
     srv = servers[fmt]
-    kw = dict(model="tiny", messages=MSGS, tools=TOOLS_OA, max_tokens=60)
+    kw = dict(model="tiny", messages=MSGS, tools=QWEN_TOOLS_OA, max_tokens=60)
     if not stream:
         choice = srv.openai.chat.completions.create(**kw).choices[0]
         content, msg = choice.message.content, choice.message
@@ -78,7 +78,7 @@ def test_anthropic_tool_use(servers, fmt, stream):
     kw = dict(
         model="claude-x",
         max_tokens=60,
-        tools=TOOLS_AN,
+        tools=QWEN_TOOLS_AN,
         messages=MSGS,
         thinking={"type": "enabled", "budget_tokens": 1024},
     )
@@ -102,7 +102,7 @@ def test_anthropic_tool_use(servers, fmt, stream):
 @pytest.mark.parametrize("stream", [False, True])
 def test_anthropic_reasoning_not_asked_for_is_dropped(servers, stream):
     srv = servers["xml"]
-    kw = dict(model="claude-x", max_tokens=60, tools=TOOLS_AN, messages=MSGS)
+    kw = dict(model="claude-x", max_tokens=60, tools=QWEN_TOOLS_AN, messages=MSGS)
     if stream:
         with srv.anthropic.messages.stream(**kw) as s:
             m = s.get_final_message()
@@ -119,7 +119,7 @@ def test_cut_off_call_is_dropped_not_shown(servers):
     # Cut inside the first call's parameters, then after its </function>.
     for max_tokens, n_calls in ((7, 0), (9, 1)):
         r = srv.openai.chat.completions.create(
-            model="tiny", messages=MSGS, tools=TOOLS_OA, max_tokens=max_tokens
+            model="tiny", messages=MSGS, tools=QWEN_TOOLS_OA, max_tokens=max_tokens
         )
         choice = r.choices[0]
         assert choice.finish_reason == "length" and choice.message.content == ANSWER
@@ -297,7 +297,7 @@ def test_budget_counts_from_a_think_the_model_opens():
 def test_parser_is_the_same_fed_one_character_at_a_time(servers, fmt):
     srv = servers[fmt]
     tok = srv.engine.tokenizer
-    prompt = encode_chat(srv.engine, [dict(MSGS[0])], TOOLS_OA)
+    prompt = encode_chat(srv.engine, [dict(MSGS[0])], QWEN_TOOLS_OA)
     text = "".join(CHAINS[fmt])
     results = []
     for size in (len(text), 1):
