@@ -282,6 +282,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def serve_process(model_dir, *flags: str):
+    """`python -m mlx_dflash.serve` on loopback (prompt lookup drafter), in its
+    own process; returns (process, url) once /health answers."""
+    import httpx
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlx_dflash.serve", "--model", str(model_dir)]
+        + ["--draft", "lookup", "--port", str(port), "--served-model-name", "tiny"]
+        + ["--log-level", "warning", *flags],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.time() + 120
+    while True:
+        assert proc.poll() is None, proc.stderr.read().decode()
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        assert time.time() < deadline, "server did not start"
+        time.sleep(0.2)
+
+
 # ---- greedy decoding against stock mlx_lm ------------------------------------
 
 PROMPT = [1, 5, 9, 3, 7, 2, 8, 4, 6, 10, 11, 12, 5, 9, 3]
@@ -299,12 +325,12 @@ def setup(family):
     return _cache[family]
 
 
-def random_dflash(target: Target, seed=1) -> DFlashDrafter:
+def random_dflash(target: Target, seed=1, layers=2) -> DFlashDrafter:
     mx.random.seed(seed)
     args = DraftArgs(
         hidden_size=target.hidden_size,
         intermediate_size=96,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=16,

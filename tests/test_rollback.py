@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from mlx_lm.generate import generate_step as stock_generate_step
 from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
+from helpers import random_dflash
 from models import CONFIGS, VOCAB, tiny_model
 
 from mlx_dflash.decode import generate_step
@@ -99,30 +100,6 @@ def test_stop_inside_pipelined_plain_stretch(family, bucket):
     assert drafter.length == len(PROMPT) + len(out) - 1
 
 
-def _random_dflash(target):
-    from mlx_dflash.draft import DFlashDraft, DraftArgs
-    from mlx_dflash.drafters import DFlashDrafter
-
-    mx.random.seed(1)
-    args = DraftArgs(
-        hidden_size=target.hidden_size,
-        intermediate_size=96,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        rms_norm_eps=1e-5,
-        vocab_size=VOCAB,
-        target_layer_ids=[1, 2],
-        mask_token_id=VOCAB - 1,
-        rope_theta=10000.0,
-    )
-    draft = DFlashDraft(args)
-    draft.set_dtype(mx.float32)
-    target.set_capture_layers(args.target_layer_ids)
-    return DFlashDrafter(draft, target)
-
-
 def _drafter_length(drafter):
     if isinstance(drafter, OracleDrafter):
         return drafter.length
@@ -152,7 +129,7 @@ def test_close_mid_cycle_rewinds_caches(family, temperature, mode):
         target = Target(model)
         cache = target.make_cache()
         if mode == "dflash":
-            drafter = _random_dflash(target)
+            drafter = random_dflash(target, layers=1)
         else:
             drafter = OracleDrafter(PROMPT + ref, vocab_size=VOCAB, schedule=schedule)
         steps = generate_step(

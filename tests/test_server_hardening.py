@@ -9,14 +9,12 @@ slow enough to abandon on cue; it never emits EOS, so answers run to max_tokens.
 import json
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 
 import httpx
 import pytest
-from helpers import LiveServer, free_port, random_provider, slow_provider
+from helpers import LiveServer, random_provider, serve_process, slow_provider
 from models import save_tiny_model_dir
 
 from mlx_dflash.server import Engine, EngineConfig
@@ -334,38 +332,8 @@ def test_close_ends_running_and_queued_jobs():
 def test_sigterm_during_a_stream_exits_cleanly(tmp_path, path):
     model_dir = tmp_path / "model"
     save_tiny_model_dir("qwen3", model_dir)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlx_dflash.serve",
-            "--model",
-            str(model_dir),
-            "--draft",
-            "lookup",
-            "--port",
-            str(port),
-            "--served-model-name",
-            "tiny",
-            "--log-level",
-            "warning",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    proc, url = serve_process(model_dir)
     try:
-        deadline = time.time() + 120
-        while True:
-            assert proc.poll() is None, proc.stderr.read().decode()
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.time() < deadline, "server did not start"
-            time.sleep(0.2)
         body = {**_chat("hello world " * 20, 100000, stream=True), "temperature": 1.0}
         if path == "/v1/messages":
             body["model"] = "claude-x"

@@ -23,7 +23,6 @@ import json
 import random
 import re
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ import anthropic
 import httpx
 import openai
 import pytest
-from helpers import free_port
+from helpers import serve_process
 from models import save_tiny_model_dir
 
 N_CLIENTS = 8
@@ -98,41 +97,9 @@ class Server:
     """`python -m mlx_dflash.serve` on loopback, in its own process."""
 
     def __init__(self, model_dir: Path):
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "mlx_dflash.serve",
-                "--model",
-                str(model_dir),
-                "--draft",
-                "lookup",
-                "--block-size",
-                "4",
-                "--port",
-                str(port),
-                "--prompt-cache-bytes",
-                str(PROMPT_CACHE_BYTES),
-                "--served-model-name",
-                "tiny",
-                "--log-level",
-                "warning",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+        self.proc, self.url = serve_process(
+            model_dir, "--block-size", "4", "--prompt-cache-bytes", str(PROMPT_CACHE_BYTES)
         )
-        deadline = time.time() + 120
-        while True:
-            assert self.proc.poll() is None, self.proc.stderr.read().decode()
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.time() < deadline, "server did not start"
-            time.sleep(0.2)
         limits = httpx.Limits(max_connections=2 * N_CLIENTS)
         self.openai = openai.OpenAI(
             base_url=self.url + "/v1",
