@@ -124,7 +124,9 @@ class ScriptedModel(nn.Module):
 class LiveServer:
     """uvicorn on 127.0.0.1, port 0, in a thread."""
 
-    def __init__(self, provider, *, api_key=None, app_args=None, **config):
+    def __init__(self, provider, *, api_key=None, app_args=None, wrap=None, **config):
+        """`wrap`: an ASGI middleware class put around the app (e.g. a recorder);
+        the wrapped app is `self.app`."""
         # Greedy unless a request names a temperature: outputs are comparable.
         config = {"default_temperature": 0.0, **config}
         # Server-only imports here: the CUDA machine runs the kernel tests
@@ -139,8 +141,9 @@ class LiveServer:
             provider, EngineConfig(model_name="tiny", **config)
         ).start()
         app = create_app(self.engine, api_key=api_key, **(app_args or {}))
+        self.app = app if wrap is None else wrap(app)
         self.server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning")
+            uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning")
         )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()

@@ -11,17 +11,13 @@ import json
 import os
 import shutil
 import subprocess
-import threading
-import time
 from pathlib import Path
 
 import mlx.core as mx
 import pytest
-import uvicorn
-from helpers import BranchModel, ScriptedModel, make_tokenizer
+from helpers import BranchModel, LiveServer, ScriptedModel, make_tokenizer
 
 from mlx_dflash.drafters import PromptLookupDrafter
-from mlx_dflash.server import Engine, EngineConfig, create_app
 from mlx_dflash.server.anthropic_api import MessagesRequest, chat_messages
 from mlx_dflash.target import Target
 
@@ -136,30 +132,10 @@ class Recorder:
         ]
 
 
-class Server:
-    """tests/test_server.py's LiveServer, with the recorder around the app."""
-
-    def __init__(self, provider):
-        # Room for Claude Code's prompt and its max_tokens (128000) in characters.
-        config = EngineConfig(
-            model_name="tiny", max_context=300_000, default_temperature=0.0
-        )
-        self.engine = Engine(provider, config).start()
-        self.recorder = Recorder(create_app(self.engine, api_key=KEY))
-        self.server = uvicorn.Server(
-            uvicorn.Config(self.recorder, host="127.0.0.1", port=0, log_level="warning")
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.01)
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-
-    def close(self):
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-        self.engine.stop()
+def claude_server(provider) -> LiveServer:
+    """A live server with the recorder around its app (`srv.app.log`)."""
+    # Room for Claude Code's prompt and its max_tokens (128000) in characters.
+    return LiveServer(provider, api_key=KEY, wrap=Recorder, max_context=300_000)
 
 
 def run_claude(exe, srv, tmp_path, prompt, *args):
@@ -240,21 +216,21 @@ def hello_provider():
 def test_claude_code_answers(claude, tmp_path, model):
     """`claude -p` with its default model (adaptive thinking, mid-conversation
     system turn) and with Sonnet 4.5 (thinking enabled, 32000 max_tokens)."""
-    srv = Server(hello_provider())
+    srv = claude_server(hello_provider())
     try:
         args = ["--model", model] if model else []
         result = run_claude(claude, srv, tmp_path, "say hello", *args)
     finally:
         srv.close()
     assert result["is_error"] is False and result["result"] == HELLO
-    log = srv.recorder.log
+    log = srv.app.log
     assert all(e["status"] == 200 for e in log), [(e["path"], e["status"]) for e in log]
     assert {e["path"] for e in log} <= {
         "/",
         "/v1/messages",
         "/v1/messages/count_tokens",
     }
-    turns = srv.recorder.messages()
+    turns = srv.app.messages()
     assert len(turns) == 1
     body = turns[0]["json"]
     events = check_shape(turns[0], srv)
@@ -315,7 +291,7 @@ def test_claude_code_runs_a_tool(claude, tmp_path):
         default=ids["<|im_end|>"],
     )
     target = Target(model)
-    srv = Server(lambda: (target, tok, PromptLookupDrafter(), 4))
+    srv = claude_server(lambda: (target, tok, PromptLookupDrafter(), 4))
     try:
         result = run_claude(
             claude, srv, tmp_path, "What does notes.txt say?", "--allowedTools", "Read"
@@ -324,9 +300,9 @@ def test_claude_code_runs_a_tool(claude, tmp_path):
         srv.close()
     assert result["is_error"] is False and result["result"] == answer
     assert result["num_turns"] == 2 and result["permission_denials"] == []
-    log = srv.recorder.log
+    log = srv.app.log
     assert all(e["status"] == 200 for e in log), [(e["path"], e["status"]) for e in log]
-    turns = srv.recorder.messages()
+    turns = srv.app.messages()
     assert len(turns) == 2
     first = check_shape(turns[0], srv)
     uses = [
