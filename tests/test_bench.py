@@ -439,3 +439,27 @@ def test_cli_quantized_drafts_and_fallback(tmp_path):
     assert names == ["draft", "draft@q8", "draft@q4"]
     for name in names:
         assert arms[name]["token_match"]["equal_pct"] == 100.0
+
+
+def test_cli_quantized_shape_target_and_engine_draft(tmp_path):
+    """`--quantize` builds a 4-bit target of the shape (as mlx_lm.convert -q
+    leaves one), `--draft-quantize` the engine arm's draft; both recorded, and
+    the arm's output is the quantized target's own."""
+    cli.main(
+        "--shape tiny-qwen3 --peaked --dtype float32 --quantize 4 --group-size 64 "
+        "--draft engine --draft-quantize 4 --tau 3 --suites code --prompts-per-suite 1 "
+        "--max-tokens 12 --repeats 1 --cooldown 0 --block-size 4 --no-profile --no-png "
+        f"--out {tmp_path / 'q'}".split()
+    )
+    res = json.loads((tmp_path / "q.json").read_text())
+    s = res["settings"]
+    assert (s["quantize"], s["group_size"], s["draft_quantize"]) == (4, 64, 4)
+    assert "4-bit g64" in s["target"] and "4-bit draft" in s["target"]
+    (arm,) = res["cases"][0]["arms"].values()
+    assert arm["token_match"]["equal_pct"] == 100.0
+
+
+def test_cli_quantize_needs_a_shape(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--quantize", "4", "--draft", "lookup"])
+    assert "--quantize needs --shape" in capsys.readouterr().err

@@ -19,10 +19,12 @@ from mlx_dflash.kernels.layer import BlockLayer
 from mlx_dflash.kernels.linear import BlockLinear, plain_linears
 from mlx_dflash.kernels.matmul import (
     MAX_ROWS,
+    Packed,
     applies,
     block_matmul,
     block_matmuls,
     block_swiglu,
+    dense,
 )
 from mlx_dflash.target import Target
 
@@ -185,6 +187,7 @@ class OpsKernels(CudaKernels):
         self.calls = dict.fromkeys(
             ("matmul", "residual", "qkv", "swiglu", "norm", "flash"), 0
         )
+        self.packed = 0  # products of quantized weights
 
     def applies(self, x, *ws):
         rows = x.size // x.shape[-1]
@@ -197,7 +200,8 @@ class OpsKernels(CudaKernels):
 
     def block_matmul(self, x, w, bias=None, residual=None):
         self.calls["matmul"] += 1
-        y = x @ w.T if bias is None else x @ w.T + bias
+        self.packed += isinstance(w, Packed)
+        y = dense(w, x) if bias is None else dense(w, x) + bias
         if residual is not None:
             self.calls["residual"] += 1
             y = residual + y
@@ -206,12 +210,14 @@ class OpsKernels(CudaKernels):
     def block_matmuls(self, x, ws, norm=None):
         self.calls["qkv"] += 1
         x = _normed(self.calls, x, norm)
-        return [x @ w.T for w in ws]
+        self.packed += sum(isinstance(w, Packed) for w in ws)
+        return [dense(w, x) for w in ws]
 
     def block_swiglu(self, x, g, u, norm=None):
         self.calls["swiglu"] += 1
         x = _normed(self.calls, x, norm)
-        return nn.silu(x @ g.T) * (x @ u.T)
+        self.packed += isinstance(g, Packed) + isinstance(u, Packed)
+        return nn.silu(dense(g, x)) * dense(u, x)
 
     def attention_applies(self, p, x, cache):
         return (
@@ -362,3 +368,75 @@ def test_draft_blocks_through_kernels_match_ops(kernel_as_ops):
         drafter.fitting = kernels
         drafter._logits(chunk[-1], 15)  # leaves its keys past the context
     assert kernel_as_ops.ops.calls["flash"] > 0
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_5"])
+def test_quantized_targets_take_the_block_wrappers(kernel_as_ops, family):
+    """A 4-bit target (mlx.nn.quantize, affine) through the wrappers with the
+    kernels' contract as ops gives stock greedy tokens; its quantized
+    products reach the backend as `Packed` weights, fused like bf16 ones."""
+    from helpers import PROMPT, N, make_drafter, run
+    from mlx_lm.generate import generate_step as stock_generate_step
+
+    model = tiny_model(family)
+    nn.quantize(model, group_size=32, bits=4)
+    ref = [t for t, _ in stock_generate_step(mx.array(PROMPT), model, max_tokens=N)]
+    target = Target(model, block_path=kernel_as_ops)
+    drafter = make_drafter("oracle", target, ref)
+    out, stats = run(target, drafter, cache=target.make_cache(bucket=True),
+                     max_tokens=N, block_size=16, prefill_step_size=5)
+    assert out == ref and stats.cycles > 0
+    ops = kernel_as_ops.ops
+    assert ops.packed > 0
+    fused = FUSED[family]
+    for launch in ("norm", "residual", "qkv", "swiglu"):
+        assert (ops.calls[launch] > 0) == (launch in fused), launch
+    assert all(type(l) is nn.QuantizedLinear for l in plain_linears(model))
+
+
+def _packed(n, k, bits, group, dtype, seed=0):
+    mx.random.seed(seed)
+    w = (mx.random.normal((n, k)) * k**-0.5).astype(dtype)
+    q, s, b = mx.quantize(w, group_size=group, bits=bits)
+    return Packed(q, s, b, group, bits)
+
+
+@on_cuda
+@pytest.mark.parametrize("rows", [2, 17, 64])
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("n,k", [(48, 512), (4096, 4096)])
+def test_quantized_kernel_matches_quantized_matmul(rows, bits, group, n, k):
+    x = mx.random.normal((1, rows, k)).astype(mx.bfloat16)
+    w = _packed(n, k, bits, group, mx.bfloat16, seed=rows + n)
+    assert applies(x, w)
+    got = block_matmul(x, w).astype(mx.float32)
+    ref = mx.quantized_matmul(
+        x.astype(mx.float32), w.weight, w.scales.astype(mx.float32),
+        w.biases.astype(mx.float32), True, group, bits,
+    )
+    err = np.abs(np.array(got) - np.array(ref))
+    assert err.max() < 3e-2, err.max()  # bf16 rounding of |y| ~ 1
+
+
+@on_cuda
+@pytest.mark.parametrize("bits", [4, 8])
+def test_quantized_fused_launches_match_stock(bits):
+    k, n = 1024, 2048
+    x = mx.random.normal((1, 16, k)).astype(mx.bfloat16)
+    ws = [_packed(n, k, bits, 64, mx.bfloat16, seed=i) for i in range(3)]
+    nw = (1 + 0.1 * mx.random.normal((k,))).astype(mx.bfloat16)
+
+    def close(got, ref):
+        err = np.abs(np.array(got.astype(mx.float32) - ref.astype(mx.float32)))
+        assert err.max() < 5e-2, err.max()
+
+    xn = mx.fast.rms_norm(x, nw, 1e-6)
+    for got, w in zip(block_matmuls(x, ws, norm=(nw, 1e-6)), ws):
+        close(got, dense(w, xn))
+    close(block_swiglu(x, ws[0], ws[1]), nn.silu(dense(ws[0], x)) * dense(ws[1], x))
+    wd = _packed(k, n, bits, 64, mx.bfloat16, seed=5)
+    h = mx.random.normal((1, 16, n)).astype(mx.bfloat16)
+    close(block_matmul(h, wd, residual=x), x + dense(wd, h))
+    # One launch takes one kind of weight: dense and packed do not mix.
+    assert not applies(x, ws[0], mx.zeros((n, k), mx.bfloat16))

@@ -25,6 +25,7 @@ from ..load import (
     load_target,
     model_name,
     one_line_errors,
+    quantize_draft,
 )
 from ..sampling import SamplingParams
 from ..target import Target
@@ -62,6 +63,27 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="with --shape: condition the random weights so every greedy choice wins "
         "by a wide margin (same shapes and cost; plain random weights have near-flat "
         "logits, so bf16 rounding alone flips tokens and token match is meaningless)",
+    )
+    p.add_argument(
+        "--quantize",
+        type=int,
+        choices=(4, 8),
+        help="with --shape: affine-quantize the target's Linear and Embedding layers "
+        "to this many bits after building it (mlx.nn.quantize, as mlx_lm.convert -q)",
+    )
+    p.add_argument(
+        "--group-size",
+        type=int,
+        choices=(32, 64, 128),
+        default=64,
+        help="quantization group size for --quantize and --draft-quantize (default 64)",
+    )
+    p.add_argument(
+        "--draft-quantize",
+        type=int,
+        choices=(4, 8),
+        help="quantize the engine arms' random DFlash draft to this many bits "
+        "(checkpoint drafts: append @q4 / @q8 to the path)",
     )
     p.add_argument(
         "--draft",
@@ -194,22 +216,39 @@ def _kernels(args) -> dict:
 def load(args):
     """(target, tokenizer or None, label, vocab size, draft maker)."""
     dtype = getattr(mx, args.dtype) if args.dtype else None
+    if args.quantize and not args.shape:
+        raise ValueError("--quantize needs --shape (a loaded --model keeps its own weights)")
     if args.shape:
         dtype = dtype or mx.bfloat16
         model = build_target(
-            args.shape, dtype=dtype, seed=args.seed, peaked=args.peaked
+            args.shape,
+            dtype=dtype,
+            seed=args.seed,
+            peaked=args.peaked,
+            quantize=args.quantize,
+            group_size=args.group_size,
         )
         target = Target(model, **_kernels(args))
         layers = args.draft_layers or 5
-        make = lambda: build_draft(
-            args.shape,
-            target.num_layers,
-            num_layers=layers,
-            block_size=block_size_for(args.block_size, None),
-            dtype=dtype,
-        )
+
+        def make():
+            draft = build_draft(
+                args.shape,
+                target.num_layers,
+                num_layers=layers,
+                block_size=block_size_for(args.block_size, None),
+                dtype=dtype,
+            )
+            if args.draft_quantize:
+                quantize_draft(draft, args.draft_quantize, group_size=args.group_size)
+            return draft
+
         kind = "peaked random" if args.peaked else "random"
-        return target, None, f"{kind} {args.shape} ({args.dtype or 'bfloat16'})", make
+        what = f"{args.quantize}-bit g{args.group_size}" if args.quantize else None
+        label = f"{kind} {args.shape} ({what or args.dtype or 'bfloat16'})"
+        if args.draft_quantize:
+            label += f", {args.draft_quantize}-bit draft"
+        return target, None, label, make
     # `load_pair`'s target: the default one in fp32 on CPU, as `generate` runs it.
     target, tokenizer = load_target(args.model, dtype=dtype, **_kernels(args))
     layers = args.draft_layers or 1

@@ -121,9 +121,18 @@ def _eval_by_layer(model: nn.Module, layers) -> None:
 
 
 def build_target(
-    preset: str, *, dtype=mx.bfloat16, seed: int = 0, peaked: bool = False
+    preset: str,
+    *,
+    dtype=mx.bfloat16,
+    seed: int = 0,
+    peaked: bool = False,
+    quantize: Optional[int] = None,
+    group_size: int = 64,
 ) -> nn.Module:
-    """A random-weight mlx_lm model of a named shape, in `dtype`.
+    """A random-weight mlx_lm model of a named shape, in `dtype`; with
+    `quantize` (4 or 8 bits), affine-quantized afterwards as `mlx_lm.convert
+    -q` leaves a model (`mlx.nn.quantize`: every Linear and Embedding whose
+    input width `group_size` divides).
 
     `peaked` conditions the random weights so that every greedy choice wins by
     a wide margin (same shapes, same cost): plain random weights give
@@ -151,6 +160,9 @@ def build_target(
     if peaked:
         _peak(lm, seed)
     _eval_by_layer(model, lm.model.layers)
+    if quantize is not None:
+        nn.quantize(model, group_size=group_size, bits=quantize)
+        _eval_by_layer(model, lm.model.layers)
     return model
 
 

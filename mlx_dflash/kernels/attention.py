@@ -24,7 +24,8 @@ import mlx.nn as nn
 from ..cache import MAX_BLOCK
 from ..wrapper import Wrapper, class_name
 from . import flash
-from .linear import fusable
+from .linear import fusable, stock
+from .matmul import weight_of
 
 # Attention classes whose __call__ is: q/k/v projections, optional per-head
 # q_norm/k_norm, RoPE at cache.offset, cache update, SDPA, o_proj.
@@ -131,7 +132,7 @@ class BlockAttention(Wrapper):
         if not is_block(x, cache):
             return a(x, mask=mask, cache=cache)
         ops = self.ops
-        ws = [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
+        ws = [weight_of(stock(a[n])) for n in ("q_proj", "k_proj", "v_proj")]
         fuse = self.fuse_qkv and ops.applies(x, *ws)
         own = self.kernel is not None and ops.attention_applies(self.kernel, x, cache)
         own = own or cache.offset + x.shape[1] >= self.from_keys

@@ -22,6 +22,7 @@ from ..wrapper import Wrapper, class_name
 from . import flash
 from .attention import MIRRORED, attend, is_block
 from .linear import MIRRORED_MLP, fusable, stock
+from .matmul import weight_of
 
 MIRRORED_LAYERS = {
     "mlx_lm.models.llama.TransformerBlock",
@@ -100,7 +101,7 @@ def linears(l: nn.Module):
 
 def _parts(l: nn.Module):
     """[q, k, v, o, gate, up, down] weights and the two norms of layer `l`."""
-    ws = [m["weight"] for m in linears(l)]
+    ws = [weight_of(m) for m in linears(l)]
     return ws, l["input_layernorm"], l["post_attention_layernorm"]
 
 
@@ -136,7 +137,7 @@ def wrap_layer(
     layer, from_keys: float, ops, kernel: bool = False
 ) -> Optional[BlockLayer]:
     """A `BlockLayer` around `layer` if its class and parts are mirrored and
-    every product is a plain Linear without a bias, else None."""
+    every product is a plain or quantized Linear without a bias, else None."""
     if class_name(layer) not in MIRRORED_LAYERS:
         return None
     a, mlp = layer.self_attn, layer.mlp

@@ -1,6 +1,6 @@
 """Linear layers and MLPs whose verify- and draft-sized blocks take matmul.py.
 
-`BlockLinear` wraps one plain `nn.Linear` *instance* and `BlockMLP` one
+`BlockLinear` wraps one plain `nn.Linear` (or affine `nn.QuantizedLinear`) *instance* and `BlockMLP` one
 mirrored MLP instance; the block path (path.py) builds them once and puts
 them where the stock modules sit only for the duration of a forward, so that
 outside it the model is stock. Each call asks the backend (cuda.py's) whether
@@ -13,6 +13,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..wrapper import Wrapper, class_name
+from .matmul import blockable, weight_of
 
 
 def stock(module: nn.Module) -> nn.Module:
@@ -22,23 +23,22 @@ def stock(module: nn.Module) -> nn.Module:
 
 def fusable(*layers: nn.Module) -> bool:
     """Whether one kernel launch can take these linear layers' products
-    (plain Linear layers without biases; shapes are checked per call)."""
-    return all(
-        type(l) is nn.Linear and "bias" not in l for l in (stock(m) for m in layers)
-    )
+    (plain or quantized Linear layers without biases; shapes and a launch's
+    one kind of weight are checked per call)."""
+    return all(blockable(l) and "bias" not in l for l in (stock(m) for m in layers))
 
 
 class BlockLinear(Wrapper):
-    """Wraps one plain `nn.Linear`: blocks of 2-64 rows take the backend's
+    """Wraps one `blockable` Linear: blocks of 2-64 rows take the backend's
     `block_matmul`, everything else the stock layer."""
 
-    def __init__(self, inner: nn.Linear, ops):
+    def __init__(self, inner: nn.Module, ops):
         super().__init__(inner)
         self.ops = ops
 
     def __call__(self, x: mx.array) -> mx.array:
         l = self["inner"]
-        w = l["weight"]
+        w = weight_of(l)
         if self.ops.applies(x, w):
             return self.ops.block_matmul(x, w, l.get("bias"))
         return l(x)
@@ -64,7 +64,7 @@ class BlockMLP(Wrapper):
 
     def __call__(self, x: mx.array) -> mx.array:
         mlp = self.inner
-        g, u = mlp.gate_proj.weight, mlp.up_proj.weight
+        g, u = weight_of(stock(mlp.gate_proj)), weight_of(stock(mlp.up_proj))
         if g.shape != u.shape or not self.ops.applies(x, g, u):
             return mlp(x)
         return mlp.down_proj(self.ops.block_swiglu(x, g, u))
@@ -78,6 +78,8 @@ def wrap_mlp(mlp, ops) -> Optional[BlockMLP]:
     return BlockMLP(mlp, ops) if fusable(mlp.gate_proj, mlp.up_proj) else None
 
 
-def plain_linears(module: nn.Module) -> List[nn.Linear]:
-    """The plain (unquantized, exact-type) `nn.Linear` instances under `module`."""
-    return [m for _, m in module.named_modules() if type(m) is nn.Linear]
+def plain_linears(module: nn.Module) -> List[nn.Module]:
+    """The `blockable` Linear instances under `module` (exact types: plain
+    `nn.Linear` and affine `nn.QuantizedLinear`, never subclasses such as
+    sharded layers)."""
+    return [m for _, m in module.named_modules() if blockable(m)]

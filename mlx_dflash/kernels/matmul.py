@@ -9,6 +9,13 @@ block of 2-64 rows is one plain kernel node: each warp streams a slice of the
 weight rows once and multiplies it into every row of the block with tensor-core
 `mma.sync` (bf16/fp16 in, fp32 accumulation, as cuBLAS does for these types).
 
+Weights are bf16/fp16 matrices or MLX affine-quantized ones (`Packed`: 4 or 8
+bits, groups of 32/64/128, as `nn.QuantizedLinear` holds them). A quantized
+weight is dequantized in registers as it streams (scale * q + bias, rounded
+to the input type, which is what `mx.dequantize` gives), so a 4-bit block
+reads a quarter of the bytes and still runs one launch; MLX's own
+`quantized_matmul` for 16 rows cost ~2.6x a one-token step (DESIGN §5).
+
 The same kernel takes several weights in one launch (q/k/v: `block_matmuls`;
 gate/up with SwiGLU: `block_swiglu`), an RMSNorm of its input, or a residual
 added to its output, so that a decoder layer is four launches (layer.py).
@@ -17,9 +24,10 @@ the CUDA backend (cuda.py); for shapes it does not tile they run the stock
 product.
 """
 
-from typing import List, Optional, Sequence
+from typing import List, NamedTuple, Optional, Sequence, Union
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from ..cache import MAX_BLOCK
 from .mma import PTX_TYPE, header
@@ -28,6 +36,72 @@ MAX_ROWS = MAX_BLOCK  # 4 tiles of 16 rows; verify and draft blocks
 WARPS = 8  # per block, splitting K (16 for one row tile where K allows)
 K_CHUNK = 64  # K consumed by one warp step: 4 lanes x 16 values
 COLS = 16  # output columns per block
+BITS = (4, 8)  # affine-quantized weights the kernel dequantizes
+GROUPS = (32, 64, 128)
+
+
+class Packed(NamedTuple):
+    """An affine-quantized weight as `nn.QuantizedLinear` (or a quantized
+    embedding used as the head) holds it. `shape` and `dtype` are those of
+    the matrix it stands for, so shape checks read the same for both kinds."""
+
+    weight: mx.array  # uint32, (N, K * bits / 32)
+    scales: mx.array  # (N, K / group_size), the input dtype
+    biases: mx.array
+    group_size: int
+    bits: int
+
+    @property
+    def shape(self):
+        return (self.weight.shape[0], self.weight.shape[1] * 32 // self.bits)
+
+    @property
+    def dtype(self):
+        return self.scales.dtype
+
+    @property
+    def ndim(self):
+        return 2
+
+
+Weight = Union[mx.array, Packed]
+QUANTIZED = (nn.QuantizedLinear, nn.QuantizedEmbedding)
+
+
+def weight_of(module: nn.Module) -> Weight:
+    """The weight a (quantized) Linear or Embedding multiplies by."""
+    if isinstance(module, QUANTIZED):
+        return Packed(
+            module["weight"],
+            module["scales"],
+            module["biases"],
+            module.group_size,
+            module.bits,
+        )
+    return module["weight"]
+
+
+def blockable(module: nn.Module) -> bool:
+    """Whether the kernel can take `module`'s product (shapes aside): a plain
+    `nn.Linear`, or an affine `nn.QuantizedLinear` the kernel dequantizes."""
+    if type(module) is nn.Linear:
+        return True
+    return (
+        type(module) is nn.QuantizedLinear
+        and getattr(module, "mode", "affine") == "affine"
+        and module.bits in BITS
+        and module.group_size in GROUPS
+        and "biases" in module
+    )
+
+
+def dense(w: Weight, x: mx.array) -> mx.array:
+    """`x @ w.T` with stock ops (what the kernel computes; for tests)."""
+    if isinstance(w, Packed):
+        return mx.quantized_matmul(
+            x, w.weight, w.scales, w.biases, True, w.group_size, w.bits
+        )
+    return x @ w.T
 
 # Grid: one block of 32 WARPS threads per NT tiles of 8 output columns (of
 # each weight panel it reads); warp w takes K slice w. A lane (g = lane / 4,
@@ -48,7 +122,7 @@ _SOURCE = """
   const int kper = K / WARPS;
   const int k_begin = warp * kper;
   int blk = blockIdx.x;
-  const T* wp[P];
+  WEIGHT_PTRS
   T* y;
   int N;
   SELECT
@@ -63,15 +137,13 @@ _SOURCE = """
   #pragma unroll 4
   for (int kc = k_begin; kc < k_begin + kper; kc += 64) {
     const int kk = kc + t * 16;
-    uint4 wv[P][NT][2];
+    uint4 wv[P][NT][2];  // 16 consecutive k of one weight row, as T
     #pragma unroll
     for (int p = 0; p < P; ++p) {
       #pragma unroll
       for (int j = 0; j < NT; ++j) {
-        const uint4* q = reinterpret_cast<const uint4*>(
-            wp[p] + (size_t)(n0 + j * 8 + g) * K + kk);
-        wv[p][j][0] = q[0];
-        wv[p][j][1] = q[1];
+        const size_t wrow = n0 + j * 8 + g;
+        WEIGHT_LOAD
       }
     }
     NORM_LOAD
@@ -143,6 +215,29 @@ _SOURCE = """
   }
 """
 
+# Weight rows as T (two 16-byte loads), or packed (QB bits a value, one scale
+# and bias per GS values: a lane's 16 k lie in one group) dequantized here.
+_DENSE_PTRS = "const T* wp[P];"
+_DENSE_LOAD = """const uint4* q = reinterpret_cast<const uint4*>(wp[p] + wrow * K + kk);
+        wv[p][j][0] = q[0];
+        wv[p][j][1] = q[1];"""
+_PACKED_PTRS = "const unsigned* wq[P]; const T* ws[P]; const T* wz[P];"
+_PACKED_LOAD = """const size_t gi = wrow * (K / GS) + kk / GS;
+        const float sc = static_cast<float>(ws[p][gi]);
+        const float zb = static_cast<float>(wz[p][gi]);
+        unsigned u[QB / 2];  // 16 values of QB bits, lowest bits first
+        {
+          const unsigned* src = wq[p] + (wrow * K + kk) * QB / 32;
+          #pragma unroll
+          for (int i = 0; i < QB / 2; ++i) u[i] = src[i];
+        }
+        T* tw = reinterpret_cast<T*>(wv[p][j]);
+        #pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          const unsigned v = (u[i * QB / 32] >> ((i * QB) % 32)) & ((1u << QB) - 1u);
+          tw[i] = static_cast<T>(fmaf(sc, static_cast<float>(v), zb));
+        }"""
+
 _OUT = "y[(size_t)row * N + col]"
 _PLAIN = _OUT + " = static_cast<T>(v[0]);"
 _BIAS = _OUT + " = static_cast<T>(v[0] + static_cast<float>(bias[col]));"
@@ -200,13 +295,21 @@ _NORM_SCALE = """{
 _kernels = {}
 
 
-def _select(groups: int, swiglu: bool) -> str:
+def _point(p: int, i: int, packed: bool) -> str:
+    """C++ pointing panel p at weight i."""
+    if packed:
+        return f"wq[{p}] = w{i}; ws[{p}] = s{i}; wz[{p}] = z{i};"
+    return f"wp[{p}] = w{i};"
+
+
+def _select(groups: int, swiglu: bool, packed: bool) -> str:
     """C++ that points the block at its weight panel(s) and output."""
     if swiglu:
-        return "wp[0] = w0; wp[1] = w1; y = y0; N = w0_shape[0];"
+        return f"{_point(0, 0, packed)} {_point(1, 1, packed)} y = y0; N = w0_shape[0];"
     lines, base = [], ""
     for i in range(groups):
-        body = f"{{ {f'blk -= {base}; ' if base else ''}wp[0] = w{i}; y = y{i}; N = w{i}_shape[0]; }}"
+        point = _point(0, i, packed)
+        body = f"{{ {f'blk -= {base}; ' if base else ''}{point} y = y{i}; N = w{i}_shape[0]; }}"
         if i + 1 < groups:
             bound = f"{base} + NB{i}" if base else f"NB{i}"
             lines.append(f"{'else ' if i else ''}if (blk < {bound}) {body}")
@@ -216,20 +319,27 @@ def _select(groups: int, swiglu: bool) -> str:
     return "\n  ".join(lines)
 
 
-def _kernel(dtype, groups: int, bias: bool, swiglu: bool, eps, residual: bool):
-    """The kernel for one combination; `eps` (None: no RMSNorm) is compiled in."""
-    key = (dtype, groups, bias, swiglu, eps, residual)
+def _kernel(
+    dtype, groups: int, bias: bool, swiglu: bool, eps, residual: bool, packed: bool
+):
+    """The kernel for one combination; `eps` (None: no RMSNorm) is compiled in;
+    `packed`: quantized weights (their bits and group size are template
+    arguments)."""
+    key = (dtype, groups, bias, swiglu, eps, residual, packed)
     if key not in _kernels:
         ptx = PTX_TYPE[dtype]
         norm = eps is not None
         kind = "swiglu" if swiglu else f"g{groups}"
         kind += "_bias" * bias + "_res" * residual + (f"_norm{eps:g}" if norm else "")
+        kind += "_q" * packed
         epilogue = (
             _SWIGLU if swiglu else _BIAS if bias else _RESIDUAL if residual else _PLAIN
         )
         source = _SOURCE
         for name, code in [
-            ("SELECT", _select(groups, swiglu)),
+            ("WEIGHT_PTRS", _PACKED_PTRS if packed else _DENSE_PTRS),
+            ("WEIGHT_LOAD", _PACKED_LOAD if packed else _DENSE_LOAD),
+            ("SELECT", _select(groups, swiglu, packed)),
             ("NORM_LOAD", _NORM_LOAD if norm else ""),
             ("NORM_APPLY", _NORM_APPLY if norm else ""),
             ("NORM_REDUCE", _NORM_REDUCE if norm else ""),
@@ -238,7 +348,9 @@ def _kernel(dtype, groups: int, bias: bool, swiglu: bool, eps, residual: bool):
             ("EPS", f"{float(eps)!r}f" if norm else ""),
         ]:
             source = source.replace(name, code)
-        inputs = ["x"] + [f"w{i}" for i in range(groups)]
+        inputs = ["x"]
+        for i in range(groups):
+            inputs += [f"w{i}", f"s{i}", f"z{i}"] if packed else [f"w{i}"]
         inputs += ["bias"] * bias + ["res"] * residual + ["nw"] * norm
         _kernels[key] = mx.fast.cuda_kernel(
             name=f"dflash_block_linear_{ptx}_{kind}".replace(".", "p").replace(
@@ -261,18 +373,30 @@ def tiling(rows: int, k: int):
     return COLS, 16 if rows <= 16 and k % (16 * K_CHUNK) == 0 else WARPS
 
 
-def tiled(dtype, *weights: mx.array) -> bool:
-    """Whether the kernel tiles products with these weights for `dtype` inputs."""
-    return dtype in PTX_TYPE and all(
-        w.ndim == 2
-        and w.dtype == dtype
-        and w.shape[1] % (WARPS * K_CHUNK) == 0
-        and w.shape[0] % 16 == 0
-        for w in weights
+def _kind(w: Weight):
+    """What a launch compiles in for weight `w`: None (dense), or its packing."""
+    return (w.bits, w.group_size) if isinstance(w, Packed) else None
+
+
+def tiled(dtype, *weights: Weight) -> bool:
+    """Whether the kernel tiles products with these weights for `dtype` inputs
+    (in one launch: all dense, or all packed alike)."""
+    kinds = {_kind(w) for w in weights}
+    return (
+        dtype in PTX_TYPE
+        and len(kinds) <= 1
+        and all(k is None or (k[0] in BITS and k[1] in GROUPS) for k in kinds)
+        and all(
+            w.ndim == 2
+            and w.dtype == dtype
+            and w.shape[1] % (WARPS * K_CHUNK) == 0
+            and w.shape[0] % 16 == 0
+            for w in weights
+        )
     )
 
 
-def applies(x: mx.array, *weights: mx.array) -> bool:
+def applies(x: mx.array, *weights: Weight) -> bool:
     """Whether the kernel takes `x @ w.T` for each of `weights` (else stock)."""
     if x.ndim < 2 or mx.default_device() != mx.gpu:
         return False
@@ -314,7 +438,12 @@ def _launch(
         ("WARPS", warps),
         ("P", 2 if swiglu else 1),
     ] + [(f"NB{i}", b) for i, b in enumerate(blocks[:-1])]
-    inputs = [x, *weights]
+    packed = isinstance(weights[0], Packed)
+    inputs = [x]
+    for w in weights:
+        inputs += [w.weight, w.scales, w.biases] if packed else [w]
+    if packed:
+        template += [("QB", weights[0].bits), ("GS", weights[0].group_size)]
     if bias is not None:
         inputs.append(bias)
     if residual is not None:
@@ -325,7 +454,13 @@ def _launch(
         inputs.append(norm[0])
     eps = None if norm is None else float(norm[1])
     kernel = _kernel(
-        x.dtype, len(weights), bias is not None, swiglu, eps, residual is not None
+        x.dtype,
+        len(weights),
+        bias is not None,
+        swiglu,
+        eps,
+        residual is not None,
+        packed,
     )
     return kernel(
         inputs=inputs,
@@ -339,7 +474,7 @@ def _launch(
 
 def block_matmul(
     x: mx.array,
-    weight: mx.array,
+    weight: Weight,
     bias: Optional[mx.array] = None,
     *,
     residual: Optional[mx.array] = None,
@@ -356,14 +491,14 @@ def block_matmul(
 
 
 def block_matmuls(
-    x: mx.array, weights: Sequence[mx.array], norm=None
+    x: mx.array, weights: Sequence[Weight], norm=None
 ) -> List[mx.array]:
     """`[x @ w.T for w in weights]` (up to 3, e.g. q, k, v) in one launch; with
     `norm` = (weight, eps), of `rms_norm(x, weight, eps)` instead of x."""
     return _launch(x, list(weights), norm=norm)
 
 
-def block_swiglu(x: mx.array, gate: mx.array, up: mx.array, norm=None) -> mx.array:
+def block_swiglu(x: mx.array, gate: Weight, up: Weight, norm=None) -> mx.array:
     """`silu(x @ gate.T) * (x @ up.T)` in one launch (an MLP's first half);
     `norm` as in `block_matmuls`."""
     return _launch(x, [gate, up], swiglu=True, norm=norm)[0]

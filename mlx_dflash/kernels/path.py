@@ -24,6 +24,7 @@ from .attention import wrap_attention
 from .gdn import BlockDelta, StepStates
 from .layer import DraftBlockLayer, wrap_layer
 from .linear import BlockLinear, plain_linears, wrap_mlp
+from .matmul import QUANTIZED, blockable, weight_of
 
 AUTO = "auto"
 
@@ -123,7 +124,8 @@ class BlockPath:
             inside = {id(m) for *_, w in f.layers for m in plain_linears(w.inner)}
             f.add_linears(target.backbone, skip=inside)
             head = target.lm.get("lm_head", None) or target.embed_tokens
-            if type(head) in (nn.Linear, nn.Embedding) and "bias" not in head:
+            heads = (nn.Linear, nn.Embedding, *QUANTIZED)
+            if type(head) in heads and "bias" not in head:
                 f.head = head
         return f
 
@@ -156,7 +158,7 @@ class Fitting:
     `layers`: (list, index, stock, wrapper) of whole layers, put in place
     under an outer wrapper (a tap) where one sits there; `slots`: (container,
     key, stock, wrapper) of everything else. `attention` and `mlp` list those
-    wrappers; `linears` the stock Linear layers given a `BlockLinear`."""
+    wrappers; `linears` the stock (quantized) Linear layers given a `BlockLinear`."""
 
     def __init__(self, ops):
         self.ops = ops
@@ -164,13 +166,13 @@ class Fitting:
         self.slots: List[tuple] = []
         self.attention: List[Wrapper] = []
         self.mlp: List[Wrapper] = []
-        self.linears: List[nn.Linear] = []
+        self.linears: List[nn.Module] = []
         self.head: Optional[nn.Module] = None
 
     def add_linears(self, root: nn.Module, skip=frozenset()):
-        """`BlockLinear` for every plain `nn.Linear` under `root` not in `skip`."""
+        """`BlockLinear` for every `blockable` Linear under `root` not in `skip`."""
         for container, key, m in _children(root):
-            if type(m) is nn.Linear and id(m) not in skip:
+            if blockable(m) and id(m) not in skip:
                 self.linears.append(m)
                 self.slots.append((container, key, m, BlockLinear(m, self.ops)))
 
@@ -191,8 +193,10 @@ class Fitting:
     def logits(self, h: mx.array, head) -> mx.array:
         """`head(h)`, or the head's weight through `block_matmul` for 2-64 rows."""
         m = self.head
-        if m is not None and self.ops.applies(h, m["weight"]):
-            return self.ops.block_matmul(h, m["weight"])
+        if m is not None:
+            w = weight_of(m)
+            if self.ops.applies(h, w):
+                return self.ops.block_matmul(h, w)
         return head(h)
 
 
