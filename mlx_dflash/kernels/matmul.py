@@ -225,16 +225,13 @@ _PACKED_PTRS = "const unsigned* wq[P]; const T* ws[P]; const T* wz[P];"
 _PACKED_LOAD = """const size_t gi = wrow * (K / GS) + kk / GS;
         const float sc = static_cast<float>(ws[p][gi]);
         const float zb = static_cast<float>(wz[p][gi]);
-        unsigned u[QB / 2];  // 16 values of QB bits, lowest bits first
-        {
-          const unsigned* src = wq[p] + (wrow * K + kk) * QB / 32;
-          #pragma unroll
-          for (int i = 0; i < QB / 2; ++i) u[i] = src[i];
-        }
+        // 16 values of QB bits, lowest bits first, in one 8- or 16-byte load
+        struct alignas(QB * 2) Words { unsigned w[QB / 2]; };
+        const Words u = *reinterpret_cast<const Words*>(wq[p] + (wrow * K + kk) * QB / 32);
         T* tw = reinterpret_cast<T*>(wv[p][j]);
         #pragma unroll
         for (int i = 0; i < 16; ++i) {
-          const unsigned v = (u[i * QB / 32] >> ((i * QB) % 32)) & ((1u << QB) - 1u);
+          const unsigned v = (u.w[i * QB / 32] >> ((i * QB) % 32)) & ((1u << QB) - 1u);
           tw[i] = static_cast<T>(fmaf(sc, static_cast<float>(v), zb));
         }"""
 
