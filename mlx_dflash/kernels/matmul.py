@@ -361,13 +361,15 @@ def _kernel(
     return _kernels[key]
 
 
-def tiling(rows: int, k: int):
+def tiling(rows: int, k: int, packed: bool = False):
     """(output columns, warps) per thread block: 16 columns and, for one tile
     of rows, 16 warps splitting K, which put the most loads in flight per
-    multiprocessor in the H200 sweep (speed.md section 12). More row tiles
-    take 8 warps: their accumulators need more registers than each of 512
-    threads may hold."""
-    return COLS, 16 if rows <= 16 and k % (16 * K_CHUNK) == 0 else WARPS
+    multiprocessor in the H200 sweep (speed.md section 12). More row tiles,
+    and packed weights (their dequantization), take 8 warps: they need more
+    registers than each of 512 threads may hold ("too many resources
+    requested for launch")."""
+    wide = rows <= 16 and k % (16 * K_CHUNK) == 0 and not packed
+    return COLS, 16 if wide else WARPS
 
 
 def _kind(w: Weight):
@@ -425,7 +427,8 @@ def _launch(
     lead = x.shape[:-1]
     m = x.size // k
     ns = [w.shape[0] for w in weights]
-    auto_cols, auto_warps = tiling(m, k)
+    packed = isinstance(weights[0], Packed)
+    auto_cols, auto_warps = tiling(m, k, packed)
     cols, warps = cols or auto_cols, warps or auto_warps
     blocks = [n // cols for n in ns]
     template = [
@@ -435,7 +438,6 @@ def _launch(
         ("WARPS", warps),
         ("P", 2 if swiglu else 1),
     ] + [(f"NB{i}", b) for i, b in enumerate(blocks[:-1])]
-    packed = isinstance(weights[0], Packed)
     inputs = [x]
     for w in weights:
         inputs += [w.weight, w.scales, w.biases] if packed else [w]
