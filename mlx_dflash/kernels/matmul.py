@@ -235,6 +235,28 @@ _PACKED_LOAD = """const size_t gi = wrow * (K / GS) + kk / GS;
           tw[i] = static_cast<T>(fmaf(sc, static_cast<float>(v), zb));
         }"""
 
+# 4 bits: each byte's two values become one T pair with integer ops (the
+# value is the low mantissa bits of MAGIC's float, 128 in bf16 or 1024 in fp16,
+# where steps are 1), then one paired subtract and one paired fma: no
+# int/float conversions, which run at a quarter of the FMA rate and made the
+# generic path's 4-bit verify slower than bf16's.
+_PACKED4_LOAD = """const size_t gi = wrow * (K / GS) + kk / GS;
+        PAIR s2, z2;
+        s2.x = s2.y = ws[p][gi];
+        z2.x = z2.y = wz[p][gi];
+        const uint2 u = *reinterpret_cast<const uint2*>(wq[p] + (wrow * K + kk) / 8);
+        const unsigned magic = MAGIC;
+        const PAIR base = *reinterpret_cast<const PAIR*>(&magic);
+        unsigned* tw = reinterpret_cast<unsigned*>(wv[p][j]);
+        #pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const unsigned t = (i < 4 ? u.x : u.y) >> (8 * (i & 3));
+          unsigned h = (t & 0xFu) | ((t << 12) & 0xF0000u) | magic;
+          PAIR v = __hfma2(__hsub2(*reinterpret_cast<PAIR*>(&h), base), s2, z2);
+          tw[i] = *reinterpret_cast<unsigned*>(&v);
+        }"""
+_PAIR = {mx.bfloat16: ("__nv_bfloat162", "0x43004300u"), mx.float16: ("__half2", "0x64006400u")}
+
 _OUT = "y[(size_t)row * N + col]"
 _PLAIN = _OUT + " = static_cast<T>(v[0]);"
 _BIAS = _OUT + " = static_cast<T>(v[0] + static_cast<float>(bias[col]));"
@@ -317,25 +339,30 @@ def _select(groups: int, swiglu: bool, packed: bool) -> str:
 
 
 def _kernel(
-    dtype, groups: int, bias: bool, swiglu: bool, eps, residual: bool, packed: bool
+    dtype, groups: int, bias: bool, swiglu: bool, eps, residual: bool, packed
 ):
     """The kernel for one combination; `eps` (None: no RMSNorm) is compiled in;
-    `packed`: quantized weights (their bits and group size are template
-    arguments)."""
+    `packed`: None (dense weights) or the quantized weights' bits (their
+    group size is a template argument)."""
     key = (dtype, groups, bias, swiglu, eps, residual, packed)
     if key not in _kernels:
         ptx = PTX_TYPE[dtype]
         norm = eps is not None
         kind = "swiglu" if swiglu else f"g{groups}"
         kind += "_bias" * bias + "_res" * residual + (f"_norm{eps:g}" if norm else "")
-        kind += "_q" * packed
+        kind += f"_q{packed}" if packed else ""
+        load = _DENSE_LOAD
+        if packed:
+            load = _PACKED4_LOAD if packed == 4 else _PACKED_LOAD
         epilogue = (
             _SWIGLU if swiglu else _BIAS if bias else _RESIDUAL if residual else _PLAIN
         )
         source = _SOURCE
         for name, code in [
             ("WEIGHT_PTRS", _PACKED_PTRS if packed else _DENSE_PTRS),
-            ("WEIGHT_LOAD", _PACKED_LOAD if packed else _DENSE_LOAD),
+            ("WEIGHT_LOAD", load),
+            ("PAIR", _PAIR[dtype][0]),
+            ("MAGIC", _PAIR[dtype][1]),
             ("SELECT", _select(groups, swiglu, packed)),
             ("NORM_LOAD", _NORM_LOAD if norm else ""),
             ("NORM_APPLY", _NORM_APPLY if norm else ""),
@@ -459,7 +486,7 @@ def _launch(
         swiglu,
         eps,
         residual is not None,
-        packed,
+        weights[0].bits if packed else None,
     )
     return kernel(
         inputs=inputs,
