@@ -12,7 +12,7 @@ from mlx_dflash import load
 from mlx_dflash.bench import cli as bench_cli
 from mlx_dflash.drafters import DFlashDrafter, OracleDrafter, PromptLookupDrafter
 from mlx_dflash.sampling import SamplingParams
-from mlx_dflash.server.engine import Job, engine_name
+from mlx_dflash.server.job import Job, engine_name
 from mlx_dflash.target import Target
 
 

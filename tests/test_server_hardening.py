@@ -147,7 +147,7 @@ def test_stall_check_counts_unread_events():
         import asyncio
 
         async def run():
-            from mlx_dflash.server.engine import Job
+            from mlx_dflash.server.job import Job
 
             job = engine.submit(Job(prompt=[5, 6, 7], max_tokens=10000))
             while not job.finished.is_set():

@@ -24,6 +24,7 @@ from ..decode import generate_step
 from ..fallback import Fallback
 from ..sampling import SamplingParams
 from ..stats import SpecStats
+from ..stream import TokenStream
 from ..target import Target
 from .cycle_profile import profile_cycle
 from .stats import ideal_speedup, run_order, summarize, token_match
@@ -82,16 +83,15 @@ class RunResult:
 
 
 def _timed(gen, max_tokens: int):
-    tokens, t_first = [], None
-    tic = time.perf_counter()
+    """(tokens, time to the first token, first token to the last)."""
+    tokens, stream = [], TokenStream()
     for tok in gen:
         tokens.append(int(tok))
-        if t_first is None:
-            t_first = time.perf_counter()
+        stream.add(tokens[-1])
         if len(tokens) == max_tokens:
             break
-    toc = time.perf_counter()
-    return tokens, t_first - tic, toc - t_first
+    stream.finish()
+    return tokens, stream.prefill_s, stream.decode_s
 
 
 def _fresh():

@@ -23,7 +23,8 @@ from .common import (
     submit,
     thinking_args,
 )
-from .engine import Engine, Job
+from .engine import Engine
+from .job import Job
 from .schema import Body, Lenient
 
 # The Messages API documents temperature 1 for requests that name none; the

@@ -6,7 +6,8 @@ from typing import AsyncIterator, Callable, List, Optional, Sequence, Tuple, Typ
 
 from starlette.requests import Request
 
-from .engine import Engine, Job, ShuttingDown, TokenLogprob
+from .engine import Engine, ShuttingDown
+from .job import Job, TokenLogprob
 from .output import REASONING, parse_tool_calls, parser_for
 from .prompt_cache import normalize_text
 from .tools import generic_messages, tool_format

@@ -26,7 +26,8 @@ from .common import (
     submit,
     thinking_args,
 )
-from .engine import Engine, Job
+from .engine import Engine
+from .job import Job
 from .logprobs import ChatLogprobs, CompletionLogprobs
 from .openai_schema import (
     DEFAULT_TEMPERATURE,

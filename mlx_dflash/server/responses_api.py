@@ -27,7 +27,8 @@ from .common import (
     run_job,
     submit,
 )
-from .engine import Engine, Job
+from .engine import Engine
+from .job import Job
 from .responses_events import LAST_EVENT, STATUS, Output, error_body, response_head, sse
 from .responses_schema import (
     ResponsesRequest,
