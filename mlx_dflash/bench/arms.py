@@ -35,35 +35,33 @@ def _kernels(args) -> dict:
 
 
 def load(args):
-    """(target, tokenizer or None, label, vocab size, draft maker)."""
+    """(target, tokenizer or None, label, draft maker): a random draft of the
+    shape that fits the target (`--draft-layers`, default 5 for a shape, 1 for
+    a loaded target)."""
     dtype = getattr(mx, args.dtype) if args.dtype else None
     if args.shape:
         dtype = dtype or mx.bfloat16
         model = build_target(
             args.shape, dtype=dtype, seed=args.seed, peaked=args.peaked
         )
-        target = Target(model, **_kernels(args))
-        layers = args.draft_layers or 5
-        make = lambda: build_draft(
-            args.shape,
-            target.num_layers,
-            num_layers=layers,
-            block_size=block_size_for(args.block_size, None),
-            dtype=dtype,
-        )
+        target, tokenizer = Target(model, **_kernels(args)), None
         kind = "peaked random" if args.peaked else "random"
-        return target, None, f"{kind} {args.shape} ({args.dtype or 'bfloat16'})", make
-    # `load_pair`'s target: the default one in fp32 on CPU, as `generate` runs it.
-    target, tokenizer = load_target(args.model, dtype=dtype, **_kernels(args))
-    layers = args.draft_layers or 1
-    make = lambda: draft_for_target(
-        target.model,
+        label = f"{kind} {args.shape} ({args.dtype or 'bfloat16'})"
+        build, shape, layers, draft_dtype = build_draft, args.shape, 5, dtype
+    else:
+        # `load_pair`'s target: the default one in fp32 on CPU, as `generate` runs it.
+        target, tokenizer = load_target(args.model, dtype=dtype, **_kernels(args))
+        label = model_name(args.model)
+        build, shape, layers = draft_for_target, target.model, 1
+        draft_dtype = dtype or mx.float32
+    make = lambda: build(
+        shape,
         target.num_layers,
-        num_layers=layers,
+        num_layers=args.draft_layers or layers,
         block_size=block_size_for(args.block_size, None),
-        dtype=dtype or mx.float32,
+        dtype=draft_dtype,
     )
-    return target, tokenizer, model_name(args.model), make
+    return target, tokenizer, label, make
 
 
 def make_arms(args, target, vocab, make_draft):

@@ -7,7 +7,7 @@ the reply and stream events in anthropic_events.py.
 import uuid
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from ..sampling import SamplingParams
 from .anthropic_events import STOP_REASON, error_body, stream, tool_use, usage
@@ -26,6 +26,7 @@ from .common import (
     encode_chat,
     engine_headers,
     engine_info,
+    event_stream,
     fit_max_tokens,
     off_loop,
     run_job,
@@ -94,11 +95,7 @@ def make_router(engine: Engine) -> APIRouter:
         )
         headers = {**engine_headers(engine, job), **fit}
         if req.stream:
-            return StreamingResponse(
-                stream(engine, parts, head, len(prompt)),
-                media_type="text/event-stream",
-                headers=headers,
-            )
+            return event_stream(stream(engine, parts, head, len(prompt)), headers)
         content = []
         async for p in parts:
             if isinstance(p, Finish):
