@@ -8,7 +8,7 @@ first mismatch is emitted as the bonus. Caches are then rolled back so that
 they hold exactly the emitted tokens minus the last one, as plain
 autoregressive decoding would. One host sync per cycle. With a `Fallback`
 (fallback.py) some steps are plain: a block of the anchor alone, no draft, or
-a pipelined `PlainStretch`.
+a pipelined `PlainStretch`. Text streaming on top of it is stream.py.
 """
 
 import os
