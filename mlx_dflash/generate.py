@@ -5,7 +5,7 @@ import json
 import os
 import sys
 
-from .decode import stream_generate
+from .stream import stream_generate
 from .device import backend, device_info, traps
 from .fallback import Fallback
 from .load import (

@@ -99,6 +99,28 @@ class SpecStats:
             },
         }
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "SpecStats":
+        """The counts `as_dict` wrote (its seconds are rounded), to pool them
+        with `merge`; per-position counts where the dict has them (the bench's
+        pooled stats do)."""
+        f = d["fallback"]
+        s = cls(
+            d["block_size"],
+            cycles=d["cycles"],
+            drafted=d["drafted"],
+            accepted=d["accepted"],
+            emitted=f["speculative_tokens"],
+            plain_tokens=f["plain_tokens"],
+            plain_seconds=f["plain_seconds"],
+            spec_seconds=f["speculative_seconds"],
+            fallbacks=f["plain_stretches"],
+            probes=f.get("probes", 0),
+        )
+        s.accepted_at = list(d.get("accepted_at", []))
+        s.drafted_at = list(d.get("drafted_at", []))
+        return s
+
 
 def _round(x: Optional[float]) -> Optional[float]:
     return None if x is None else round(x, 4)

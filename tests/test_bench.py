@@ -279,6 +279,10 @@ def test_pool_stats_sums_counts_before_ratios():
     )
     assert (p["accepted_at"], p["drafted_at"]) == ([2, 1, 1], [3, 3, 3])
 
+    # What a result JSON holds reads back into the same counts.
+    back = SpecStats.from_dict(p)
+    assert back == SpecStats(4).merge(a).merge(b)
+
 
 def test_run_case_per_temperature_and_writers(tmp_path):
     target = _target()

@@ -18,7 +18,7 @@ import pytest
 from helpers import BranchModel, LiveServer, ScriptedModel, make_tokenizer
 
 from mlx_dflash.drafters import PromptLookupDrafter
-from mlx_dflash.server.anthropic_api import MessagesRequest, chat_messages
+from mlx_dflash.server.anthropic_schema import MessagesRequest, chat_messages
 from mlx_dflash.target import Target
 
 VERSION = "2.1.332"

@@ -9,10 +9,11 @@ import mlx.core as mx
 from models import VOCAB, save_tiny_shape_draft, tiny_model
 
 from mlx_dflash import load
+from mlx_dflash.bench import arms as bench_arms
 from mlx_dflash.bench import cli as bench_cli
 from mlx_dflash.drafters import DFlashDrafter, OracleDrafter, PromptLookupDrafter
 from mlx_dflash.sampling import SamplingParams
-from mlx_dflash.server.engine import Job, engine_name
+from mlx_dflash.server.job import Job, engine_name
 from mlx_dflash.target import Target
 
 
@@ -34,8 +35,8 @@ def test_bench_block_size_flag_beats_the_checkpoints(tmp_path):
     base = ["--shape", "tiny-qwen3", "--dtype", "float32", "--draft", f"{d},lookup"]
     for flag, want in [([], [8, 16]), (["--block-size", "4"], [4, 4])]:
         args = _bench_args(base + flag)
-        target, _, _, make = bench_cli.load(args)
-        arms = bench_cli.make_arms(args, target, VOCAB, make)
+        target, _, _, make = bench_arms.load(args)
+        arms = bench_arms.make_arms(args, target, VOCAB, make)
         assert [a.block_size for a in arms] == want
 
 
@@ -48,9 +49,9 @@ def test_bench_loads_the_default_target_as_generate_does(monkeypatch):
         seen.append((path, kw.get("dtype")))
         return Target(tiny_model("qwen3")), None
 
-    monkeypatch.setattr(bench_cli, "load_target", fake_load_target)
-    monkeypatch.setattr(bench_cli, "model_name", lambda m: "default")
-    bench_cli.load(_bench_args(["--draft", "lookup"]))
+    monkeypatch.setattr(bench_arms, "load_target", fake_load_target)
+    monkeypatch.setattr(bench_arms, "model_name", lambda m: "default")
+    bench_arms.load(_bench_args(["--draft", "lookup"]))
     monkeypatch.setattr(load, "load_target", fake_load_target)
     pair = load.load_pair(None, "lookup")
     assert seen == [(None, None), (None, None)]

@@ -147,7 +147,7 @@ def test_stall_check_counts_unread_events():
         import asyncio
 
         async def run():
-            from mlx_dflash.server.engine import Job
+            from mlx_dflash.server.job import Job
 
             job = engine.submit(Job(prompt=[5, 6, 7], max_tokens=10000))
             while not job.finished.is_set():
@@ -334,7 +334,10 @@ def test_sigterm_during_a_stream_exits_cleanly(tmp_path, path):
     save_tiny_model_dir("qwen3", model_dir)
     proc, url = serve_process(model_dir)
     try:
-        body = {**_chat("hello world " * 20, 100000, stream=True), "temperature": 1.0}
+        # Greedy "go" runs the tiny model to its context limit (~4,000 tokens,
+        # seconds): the stream is still running when the signal lands. (A
+        # sampled reply can end at EOS first: that stream rightly has no error.)
+        body = {**_chat("go", 100000, stream=True), "temperature": 0.0}
         if path == "/v1/messages":
             body["model"] = "claude-x"
         lines = []
@@ -352,6 +355,7 @@ def test_sigterm_during_a_stream_exits_cleanly(tmp_path, path):
     assert rc == 0, proc.stderr.read().decode()
     assert took < 5.0, f"exit took {took:.1f} s"
     data = [json.loads(x[5:]) for x in lines if x.startswith("data:") and "[DONE]" not in x]
+    assert "error" in data[-1], f"the stream ended before the signal: {data[-1]}"
     if path == "/v1/messages":
         assert [x for x in lines if x.startswith("event:")][-1] == "event: error"
         assert data[-1]["error"]["type"] == "overloaded_error"

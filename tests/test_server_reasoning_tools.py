@@ -29,7 +29,7 @@ from helpers import (
 from mlx_dflash.decode import generate_step
 from mlx_dflash.drafters import PromptLookupDrafter
 from mlx_dflash.server.common import encode_chat
-from mlx_dflash.server.engine import Job
+from mlx_dflash.server.job import Job
 from mlx_dflash.server.output import OutputParser, parser_for
 from mlx_dflash.server.tools import FUNCTION, tool_syntax
 from mlx_dflash.target import Target

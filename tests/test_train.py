@@ -23,7 +23,8 @@ from mlx_dflash.train.objective import (
     target_features,
 )
 from mlx_dflash.train.prompts import HELD_OUT, build_prompts
-from mlx_dflash.train.trainer import TrainArgs, init_draft, train, train_finished
+from mlx_dflash.train.checkpoint import train_finished
+from mlx_dflash.train.trainer import TrainArgs, init_draft, train
 
 MASK = VOCAB - 1
 

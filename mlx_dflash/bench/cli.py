@@ -11,28 +11,16 @@ import json
 import shlex
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import List
 
-import mlx.core as mx
-
-from ..drafters import DFlashDrafter, PromptLookupDrafter
-from ..fallback import POLICY_HELP, Fallback
-from ..load import (
-    block_size_for,
-    load_drafter,
-    load_target,
-    model_name,
-    one_line_errors,
-    quantize_draft,
-)
+from ..fallback import POLICY_HELP
+from ..load import one_line_errors
 from ..sampling import SamplingParams
-from ..target import Target
 from . import report
-from .engine import make_engine_drafter
-from .runner import Arm, Case, run_case
-from .shapes import PRESETS, build_draft, build_target, draft_for_target
+from .arms import load, make_arms
+from .runner import Case, run_case
+from .shapes import PRESETS
 from .suites import SUITES, suite_prompts
 
 
@@ -197,154 +185,6 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     p.add_argument("--title", default=None)
     return p
-
-
-def _on(choice: str, flag: str = "--block-linear"):
-    if choice not in ("auto", "on", "off"):
-        raise SystemExit(f"{flag}: {choice!r} is not auto, on or off")
-    return None if choice == "auto" else choice == "on"
-
-
-def _kernels(args) -> dict:
-    """The Target kernel switches the first choice of each flag sets."""
-    return dict(
-        block_linear=_on(args.block_linear[0]),
-        attention_kernel=_on(args.attention_kernel[0], "--attention-kernel"),
-    )
-
-
-def load(args):
-    """(target, tokenizer or None, label, vocab size, draft maker)."""
-    dtype = getattr(mx, args.dtype) if args.dtype else None
-    if args.quantize and not args.shape:
-        raise ValueError("--quantize needs --shape (a loaded --model keeps its own weights)")
-    if args.shape:
-        dtype = dtype or mx.bfloat16
-        model = build_target(
-            args.shape,
-            dtype=dtype,
-            seed=args.seed,
-            peaked=args.peaked,
-            quantize=args.quantize,
-            group_size=args.group_size,
-        )
-        target = Target(model, **_kernels(args))
-        layers = args.draft_layers or 5
-
-        def make():
-            draft = build_draft(
-                args.shape,
-                target.num_layers,
-                num_layers=layers,
-                block_size=block_size_for(args.block_size, None),
-                dtype=dtype,
-            )
-            if args.draft_quantize:
-                quantize_draft(draft, args.draft_quantize, group_size=args.group_size)
-            return draft
-
-        kind = "peaked random" if args.peaked else "random"
-        what = f"{args.quantize}-bit g{args.group_size}" if args.quantize else None
-        label = f"{kind} {args.shape} ({what or args.dtype or 'bfloat16'})"
-        if args.draft_quantize:
-            label += f", {args.draft_quantize}-bit draft"
-        return target, None, label, make
-    # `load_pair`'s target: the default one in fp32 on CPU, as `generate` runs it.
-    target, tokenizer = load_target(args.model, dtype=dtype, **_kernels(args))
-    layers = args.draft_layers or 1
-    make = lambda: draft_for_target(
-        target.model,
-        target.num_layers,
-        num_layers=layers,
-        block_size=block_size_for(args.block_size, None),
-        dtype=dtype or mx.float32,
-    )
-    return target, tokenizer, model_name(args.model), make
-
-
-def make_arms(args, target, vocab, make_draft):
-    arms = []
-    block = block_size_for(args.block_size, None)  # lookup and engine arms
-    for spec in args.draft:
-        if spec == "lookup":
-            arms.append(Arm("lookup", lambda ref: PromptLookupDrafter(), block))
-        elif spec == "engine":
-            draft = make_draft()
-            target.set_capture_layers(draft.args.target_layer_ids)
-            for tau in args.tau:
-
-                def make(ref, tau=tau):
-                    return make_engine_drafter(
-                        draft,
-                        target,
-                        ref,
-                        tau=tau,
-                        block_size=block,
-                        vocab_size=vocab,
-                        seed=args.seed,
-                    )
-
-                arms.append(
-                    Arm(
-                        f"engine τ={tau:g}",
-                        make,
-                        block,
-                        tau_target=tau,
-                        calibrate=True,
-                    )
-                )
-        else:
-            # As `load_pair` loads it for `generate` and `serve`: the drafter
-            # in the device's dtype, the flag's block size over its own.
-            dtype = getattr(mx, args.dtype) if args.dtype else None
-            path, _, q = spec.partition("@q")
-            drafter, native, _ = load_drafter(
-                path, target, dtype=dtype, quantize=int(q) if q else None
-            )
-            if isinstance(drafter, DFlashDrafter):
-                # Fresh drafter state around the weights loaded once.
-                make = lambda ref, d=drafter.draft: DFlashDrafter(d, target)
-            else:
-                make = lambda ref, path=path: load_drafter(path, target)[0]
-
-            name = Path(path).name + (f"@q{q}" if q else "")
-            arms.append(Arm(name, make, block_size_for(args.block_size, native)))
-    if args.fallback:
-        for arm in arms:
-            arm.fallback = Fallback()
-    # A comma list of choices: every arm once per choice, the switch set in
-    # `Arm.setup` before each run (so the choices alternate within a case).
-    for flag, name, choices, switch in [
-        ("--block-linear", "linear", args.block_linear, target.set_block_linear),
-        (
-            "--attention-kernel",
-            "attention",
-            args.attention_kernel,
-            target.set_attention_kernel,
-        ),
-    ]:
-        if len(choices) > 1:
-            arms = [
-                replace(
-                    arm,
-                    name=f"{arm.name} {name}={choice}",
-                    setup=_then(arm.setup, switch, _on(choice, flag)),
-                )
-                for arm in arms
-                for choice in choices
-            ]
-    return arms
-
-
-def _then(setup, switch, on):
-    """An `Arm.setup` that runs `setup` (if any), then `switch(on)`."""
-
-    def both():
-        if setup is not None:
-            setup()
-        switch(on)
-
-    return both
 
 
 def _progress(total):

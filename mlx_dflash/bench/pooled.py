@@ -2,6 +2,7 @@
 
 from typing import List
 
+from ..stats import SpecStats
 from .stats import summarize
 
 
@@ -29,33 +30,19 @@ def by_temperature(results: dict) -> List[dict]:
             ),
         }
         if items[0][2] is not None:
-            cycles = sum(a["spec"]["cycles"] for _, a, _ in items)
-            drafted = sum(a["spec"]["drafted"] for _, a, _ in items)
-            accepted = sum(a["spec"]["accepted"] for _, a, _ in items)
-            emitted = sum(
-                a["spec"].get("emitted", 0) + a["spec"]["fallback"]["plain_tokens"]
-                for _, a, _ in items
-            )
-            acc_at = [
-                sum(x)
-                for x in zip(*(a["spec"].get("accepted_at", []) for _, a, _ in items))
-            ]
-            dr_at = [
-                sum(x)
-                for x in zip(*(a["spec"].get("drafted_at", []) for _, a, _ in items))
-            ]
+            pooled = SpecStats.from_dict(items[0][1]["spec"])
+            for _, a, _ in items[1:]:
+                pooled.merge(SpecStats.from_dict(a["spec"]))
             matches = [a["token_match"] for _, a, _ in items]
             row.update(
                 runs=sum(a["spec"].get("runs", 1) for _, a, _ in items),
-                tau=(accepted + cycles) / cycles if cycles else None,
+                tau=pooled.tau,
                 tau_per_run=summarize(
                     [r["tau"] for _, a, _ in items for r in a["per_run"] if "tau" in r]
                 ),
-                acceptance_rate=accepted / drafted if drafted else None,
-                draft_share=accepted / emitted if emitted else 0.0,
-                per_position_acceptance=[
-                    x / d if d else None for x, d in zip(acc_at, dr_at)
-                ],
+                acceptance_rate=pooled.acceptance_rate,
+                draft_share=pooled.draft_share,
+                per_position_acceptance=pooled.per_position,
                 speedup=summarize(
                     [
                         r["decode_tps"] / b["decode_tps"]

@@ -24,6 +24,7 @@ from ..decode import generate_step
 from ..fallback import Fallback
 from ..sampling import SamplingParams
 from ..stats import SpecStats
+from ..stream import TokenStream
 from ..target import Target
 from .cycle_profile import profile_cycle
 from .stats import ideal_speedup, run_order, summarize, token_match
@@ -82,16 +83,15 @@ class RunResult:
 
 
 def _timed(gen, max_tokens: int):
-    tokens, t_first = [], None
-    tic = time.perf_counter()
+    """(tokens, time to the first token, first token to the last)."""
+    tokens, stream = [], TokenStream()
     for tok in gen:
         tokens.append(int(tok))
-        if t_first is None:
-            t_first = time.perf_counter()
+        stream.add(tokens[-1])
         if len(tokens) == max_tokens:
             break
-    toc = time.perf_counter()
-    return tokens, t_first - tic, toc - t_first
+    stream.finish()
+    return tokens, stream.prefill_s, stream.decode_s
 
 
 def _fresh():
@@ -199,6 +199,20 @@ def run_case(
         # Repeat r of either side draws from seed + r.
         return replace(case.sampling, seed=seed + r) if sampled else None
 
+    def spec_run(arm: Arm, reference: List[int], r: int) -> RunResult:
+        """A run of `arm` with a fresh drafter that knows `reference`."""
+        drafter = arm.start(reference)
+        return run_spec(
+            target,
+            case.prompt,
+            drafter,
+            N,
+            arm.block_size,
+            prefill_step,
+            params(r),
+            arm.fallback,
+        )
+
     # Warm-up, untimed (with the sampler, so its compile is not timed); the
     # greedy run also gives the reference output for oracle-based drafters.
     run_baseline(target, case.prompt, min(N, 8), prefill_step, params(0))
@@ -225,17 +239,7 @@ def run_case(
         passes, cold = 0, None
         calibrate = arm.calibrate and not sampled
         for passes in range(1, (4 if calibrate else 1) + 1):
-            drafter = arm.start(list(case.prompt) + out)
-            r = run_spec(
-                target,
-                case.prompt,
-                drafter,
-                N,
-                arm.block_size,
-                prefill_step,
-                params(0),
-                arm.fallback,
-            )
+            r = spec_run(arm, list(case.prompt) + out, 0)
             cold = cold or r
             got = r.tokens
             if got == out or not calibrate:
@@ -258,18 +262,7 @@ def run_case(
             if name == BASELINE:
                 res = run_baseline(target, case.prompt, N, prefill_step, params(r))
             else:
-                arm = by_name[name]
-                drafter = arm.start(references[name])
-                res = run_spec(
-                    target,
-                    case.prompt,
-                    drafter,
-                    N,
-                    arm.block_size,
-                    prefill_step,
-                    params(r),
-                    arm.fallback,
-                )
+                res = spec_run(by_name[name], references[name], r)
             runs[name].append(res)
             note(name)
             if cooldown > 0:

@@ -4,9 +4,11 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, List, Optional, Sequence, Tuple, TypeVar, Union
 
+from fastapi.responses import StreamingResponse
 from starlette.requests import Request
 
-from .engine import Engine, Job, ShuttingDown, TokenLogprob
+from .engine import Engine, ShuttingDown
+from .job import Job, TokenLogprob
 from .output import REASONING, parse_tool_calls, parser_for
 from .prompt_cache import normalize_text
 from .tools import generic_messages, tool_format
@@ -320,6 +322,11 @@ async def run_job(
     yield Finish(
         reason, ev.usage or {}, stop_sequence=parser.stopped_by, logprobs=pending
     )
+
+
+def event_stream(events: AsyncIterator[str], headers: dict) -> StreamingResponse:
+    """A streamed reply: server-sent events, as every API streams."""
+    return StreamingResponse(events, media_type="text/event-stream", headers=headers)
 
 
 def engine_info(engine: Engine, usage: dict) -> dict:

@@ -6,10 +6,11 @@ Request bodies are in openai_schema.py, log-probability formats in logprobs.py.
 import json
 import time
 import uuid
-from typing import Optional
+from functools import partial
+from typing import List, Optional
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from ..sampling import SamplingParams
 from .common import (
@@ -20,13 +21,15 @@ from .common import (
     encode_chat,
     engine_headers,
     engine_info,
+    event_stream,
     fit_max_tokens,
     off_loop,
     run_job,
     submit,
     thinking_args,
 )
-from .engine import Engine, Job
+from .engine import Engine
+from .job import Job
 from .logprobs import ChatLogprobs, CompletionLogprobs
 from .openai_schema import (
     DEFAULT_TEMPERATURE,
@@ -140,11 +143,8 @@ def make_router(engine: Engine) -> APIRouter:
         lp = ChatLogprobs(engine.tokenizer) if logprobs is not None else None
         if req.stream:
             usage_chunk = bool((req.stream_options or {}).get("include_usage"))
-            return StreamingResponse(
-                _chat_stream(engine, parts, head, usage_chunk, lp),
-                media_type="text/event-stream",
-                headers=headers,
-            )
+            events = _chat_stream(engine, parts, head, usage_chunk, lp)
+            return event_stream(events, headers)
         text, reasoning, calls, tokens = [], [], [], []
         async for p in parts:
             tokens += p.logprobs
@@ -168,20 +168,8 @@ def make_router(engine: Engine) -> APIRouter:
             message["reasoning_content"] = "".join(reasoning)
         if calls:
             message["tool_calls"] = calls
-        body = {
-            **head,
-            "object": "chat.completion",
-            "choices": [
-                {
-                    "index": 0,
-                    "message": message,
-                    "logprobs": lp(tokens) if lp else None,
-                    "finish_reason": _finish_reason(fin),
-                }
-            ],
-            "usage": _usage(fin.usage),
-            "mlx_dflash": engine_info(engine, fin.usage),
-        }
+        head = {**head, "object": "chat.completion"}
+        body = _reply(engine, head, fin, {"message": message}, lp, tokens)
         return JSONResponse(body, headers=headers)
 
     @router.post("/v1/completions")
@@ -221,11 +209,8 @@ def make_router(engine: Engine) -> APIRouter:
         lp = CompletionLogprobs(engine.tokenizer) if req.logprobs is not None else None
         if req.stream:
             usage_chunk = bool((req.stream_options or {}).get("include_usage"))
-            return StreamingResponse(
-                _completion_stream(engine, parts, head, usage_chunk, lp),
-                media_type="text/event-stream",
-                headers=headers,
-            )
+            events = _completion_stream(engine, parts, head, usage_chunk, lp)
+            return event_stream(events, headers)
         text, tokens = [], []
         async for p in parts:
             tokens += p.logprobs
@@ -237,22 +222,37 @@ def make_router(engine: Engine) -> APIRouter:
             return JSONResponse(
                 _error_body(fin.error, fin.status), status_code=fin.status
             )
-        body = {
-            **head,
-            "choices": [
-                {
-                    "index": 0,
-                    "text": "".join(text),
-                    "logprobs": lp(tokens) if lp else None,
-                    "finish_reason": _finish_reason(fin),
-                }
-            ],
-            "usage": _usage(fin.usage),
-            "mlx_dflash": engine_info(engine, fin.usage),
-        }
+        body = _reply(engine, head, fin, {"text": "".join(text)}, lp, tokens)
         return JSONResponse(body, headers=headers)
 
     return router
+
+
+def _reply(engine, head, fin: Finish, choice: dict, lp, tokens) -> dict:
+    """A whole (not streamed) body: one choice, the usage, the engine that served it."""
+    choice = {
+        "index": 0,
+        **choice,
+        "logprobs": lp(tokens) if lp else None,
+        "finish_reason": _finish_reason(fin),
+    }
+    return {
+        **head,
+        "choices": [choice],
+        "usage": _usage(fin.usage),
+        "mlx_dflash": engine_info(engine, fin.usage),
+    }
+
+
+def _last_chunks(engine, fin: Finish, chunk, head, usage_chunk) -> List[str]:
+    """The end of a stream: the error, or the finish chunk (and the usage one)."""
+    if fin.reason == "error":
+        return [_sse(_error_body(fin.error, fin.status))]
+    info = engine_info(engine, fin.usage)
+    out = [chunk(_finish_reason(fin), fin.logprobs, mlx_dflash=info)]
+    if usage_chunk:
+        out.append(_sse({**head, "choices": [], "usage": _usage(fin.usage)}))
+    return out
 
 
 async def _chat_stream(engine, parts, head, usage_chunk, lp):
@@ -278,13 +278,9 @@ async def _chat_stream(engine, parts, head, usage_chunk, lp):
     n_calls = 0
     async for p in parts:
         if isinstance(p, Finish):
-            if p.reason == "error":
-                yield _sse(_error_body(p.error, p.status))
-                break
-            info = engine_info(engine, p.usage)
-            yield chunk({}, _finish_reason(p), p.logprobs, mlx_dflash=info)
-            if usage_chunk:
-                yield _sse({**head, "choices": [], "usage": _usage(p.usage)})
+            for c in _last_chunks(engine, p, partial(chunk, {}), head, usage_chunk):
+                yield c
+            break
         elif p.kind == "text":
             yield chunk({"content": p.text}, tokens=p.logprobs)
         elif p.kind == "reasoning":
@@ -308,13 +304,9 @@ async def _completion_stream(engine, parts, head, usage_chunk, lp):
 
     async for p in parts:
         if isinstance(p, Finish):
-            if p.reason == "error":
-                yield _sse(_error_body(p.error, p.status))
-                break
-            info = engine_info(engine, p.usage)
-            yield chunk("", _finish_reason(p), p.logprobs, mlx_dflash=info)
-            if usage_chunk:
-                yield _sse({**head, "choices": [], "usage": _usage(p.usage)})
+            for c in _last_chunks(engine, p, partial(chunk, ""), head, usage_chunk):
+                yield c
+            break
         else:
             yield chunk(p.text, tokens=p.logprobs)
     yield "data: [DONE]\n\n"

@@ -11,7 +11,7 @@ from collections import OrderedDict
 from typing import List, Optional, Tuple
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from ..sampling import SamplingParams
 from .common import (
@@ -22,12 +22,14 @@ from .common import (
     encode_chat,
     engine_headers,
     engine_info,
+    event_stream,
     fit_max_tokens,
     off_loop,
     run_job,
     submit,
 )
-from .engine import Engine, Job
+from .engine import Engine
+from .job import Job
 from .responses_events import LAST_EVENT, STATUS, Output, error_body, response_head, sse
 from .responses_schema import (
     ResponsesRequest,
@@ -145,9 +147,7 @@ def make_router(engine: Engine, *, store_size: int = STORE_SIZE) -> APIRouter:
                     for e in events:
                         yield sse(e)
 
-            return StreamingResponse(
-                stream(), media_type="text/event-stream", headers=headers
-            )
+            return event_stream(stream(), headers)
 
         async for p in parts:
             if isinstance(p, Part):

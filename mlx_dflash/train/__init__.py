@@ -1,1 +1,2 @@
-"""Drafter distillation: prompt set and self-distilled data, objective, trainer."""
+"""Drafter distillation: prompt set and self-distilled data, objective, trainer,
+checkpoints."""

@@ -265,7 +265,8 @@ def _check_inputs(a):
 
 def main(argv=None):
     from .data import Dataset, build_prompts
-    from .trainer import init_draft, train, train_finished
+    from .checkpoint import train_finished
+    from .trainer import init_draft, train
 
     a = build_parser().parse_args(argv)
     if a.eval_only:

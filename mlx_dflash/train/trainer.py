@@ -1,7 +1,6 @@
 """The training loop: batches of sequences, AdamW with warmup + cosine, clipping,
-checkpoints (z-lab format + optimizer state) and resume, a progress line."""
+checkpoints (checkpoint.py) and resume, a progress line; the τ evaluation."""
 
-import json
 import math
 import sys
 import time
@@ -13,14 +12,9 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
-from mlx.utils import tree_flatten, tree_unflatten
 
-from ..draft import (
-    DFlashDraft,
-    DraftArgs,
-    default_target_layer_ids,
-    save_draft,
-)
+from ..draft import DFlashDraft, DraftArgs, default_target_layer_ids
+from .checkpoint import load_state, save_state
 from .data import Dataset
 from .objective import (
     block_loss,
@@ -159,39 +153,6 @@ def make_batch(
     )
 
 
-def _save_state(out: Path, draft, opt, state: dict):
-    """The drafter (z-lab format, usable mid-run) plus what resuming needs:
-    fp32 weights, optimizer state, step, schedule, data order and rng."""
-    save_draft(draft, out)
-    # In a subdirectory: load_draft reads every *.safetensors file in `out`.
-    (out / "train_state").mkdir(exist_ok=True)
-    weights = {k: v.astype(mx.float32) for k, v in tree_flatten(draft.parameters())}
-    mx.save_safetensors(str(out / "train_state" / "draft.safetensors"), weights)
-    mx.save_safetensors(
-        str(out / "train_state" / "optimizer.safetensors"),
-        dict(tree_flatten(opt.state)),
-    )
-    with open(out / "train_state" / "trainer_state.json", "w") as f:
-        json.dump(state, f)
-
-
-def _load_state(out: Path, draft, opt):
-    with open(out / "train_state" / "trainer_state.json") as f:
-        st = json.load(f)
-    draft.load_weights(str(out / "train_state" / "draft.safetensors"))
-    opt.state = tree_unflatten(
-        list(mx.load(str(out / "train_state" / "optimizer.safetensors")).items())
-    )
-    return st
-
-
-def train_finished(out) -> bool:
-    """Whether the checkpoint in `out` completed its schedule (vs. stopped early)."""
-    with open(Path(out) / "train_state" / "trainer_state.json") as f:
-        st = json.load(f)
-    return st["step"] >= st["total_steps"]
-
-
 class Progress:
     """One status line: step, loss, lr, tokens/s, per-block tau estimate, eta."""
 
@@ -247,7 +208,7 @@ def train(
     order, pos = rng.permutation(len(data)), 0
     start, prior_seconds = 0, 0.0
     if resume and (out / "train_state" / "trainer_state.json").is_file():
-        st = _load_state(out, draft, opt)
+        st = load_state(out, draft, opt)
         start, total[0] = st["step"], st["total_steps"]
         rng.bit_generator.state = st["rng"]
         order, pos = np.array(st["order"]), st["pos"]
@@ -329,7 +290,7 @@ def train(
             clock["last"] = now
 
     def save(step):
-        _save_state(
+        save_state(
             out,
             draft,
             opt,
@@ -411,12 +372,7 @@ def evaluate_tau(
                 stats=s,
             )
         ]
-        stats.cycles += s.cycles
-        stats.drafted += s.drafted
-        stats.accepted += s.accepted
-        stats.emitted += s.emitted
-        stats.accepted_at = [x + y for x, y in zip(stats.accepted_at, s.accepted_at)]
-        stats.drafted_at = [x + y for x, y in zip(stats.drafted_at, s.drafted_at)]
+        stats.merge(s)
         taus.append(s.tau)
         if check_lossless:
             ref = []

@@ -1,0 +1,171 @@
+"""What `mlx-dflash bench` runs, from its flags: the target and the arms.
+
+`load` gives the target (a random `--shape`, or the model `load_pair` would
+load for `generate`) and a maker of matching random DFlash drafts; `make_arms`
+one `Arm` per `--draft` entry (lookup, engine at each `--tau`, a checkpoint),
+each `--block-linear` / `--attention-kernel` choice an arm of its own.
+"""
+
+from dataclasses import replace
+from pathlib import Path
+
+import mlx.core as mx
+
+from ..drafters import DFlashDrafter, PromptLookupDrafter
+from ..fallback import Fallback
+from ..load import (
+    block_size_for,
+    load_drafter,
+    load_target,
+    model_name,
+    quantize_draft,
+)
+from ..target import Target
+from .engine import make_engine_drafter
+from .runner import Arm
+from .shapes import build_draft, build_target, draft_for_target
+
+
+def _on(choice: str, flag: str = "--block-linear"):
+    if choice not in ("auto", "on", "off"):
+        raise SystemExit(f"{flag}: {choice!r} is not auto, on or off")
+    return None if choice == "auto" else choice == "on"
+
+
+def _kernels(args) -> dict:
+    """The Target kernel switches the first choice of each flag sets."""
+    return dict(
+        block_linear=_on(args.block_linear[0]),
+        attention_kernel=_on(args.attention_kernel[0], "--attention-kernel"),
+    )
+
+
+def load(args):
+    """(target, tokenizer or None, label, draft maker): a random draft of the
+    shape that fits the target (`--draft-layers`, default 5 for a shape, 1 for
+    a loaded target)."""
+    dtype = getattr(mx, args.dtype) if args.dtype else None
+    if args.quantize and not args.shape:
+        raise ValueError("--quantize needs --shape (a loaded --model keeps its own weights)")
+    if args.shape:
+        dtype = dtype or mx.bfloat16
+        model = build_target(
+            args.shape,
+            dtype=dtype,
+            seed=args.seed,
+            peaked=args.peaked,
+            quantize=args.quantize,
+            group_size=args.group_size,
+        )
+        target, tokenizer = Target(model, **_kernels(args)), None
+        kind = "peaked random" if args.peaked else "random"
+        bits = f"{args.quantize}-bit g{args.group_size}" if args.quantize else None
+        label = f"{kind} {args.shape} ({bits or args.dtype or 'bfloat16'})"
+        build, shape, layers, draft_dtype = build_draft, args.shape, 5, dtype
+    else:
+        # `load_pair`'s target: the default one in fp32 on CPU, as `generate` runs it.
+        target, tokenizer = load_target(args.model, dtype=dtype, **_kernels(args))
+        label = model_name(args.model)
+        build, shape, layers = draft_for_target, target.model, 1
+        draft_dtype = dtype or mx.float32
+    if args.draft_quantize:
+        label += f", {args.draft_quantize}-bit draft"
+
+    def make():
+        draft = build(
+            shape,
+            target.num_layers,
+            num_layers=args.draft_layers or layers,
+            block_size=block_size_for(args.block_size, None),
+            dtype=draft_dtype,
+        )
+        if args.draft_quantize:
+            quantize_draft(draft, args.draft_quantize, group_size=args.group_size)
+        return draft
+
+    return target, tokenizer, label, make
+
+
+def make_arms(args, target, vocab, make_draft):
+    arms = []
+    block = block_size_for(args.block_size, None)  # lookup and engine arms
+    for spec in args.draft:
+        if spec == "lookup":
+            arms.append(Arm("lookup", lambda ref: PromptLookupDrafter(), block))
+        elif spec == "engine":
+            draft = make_draft()
+            target.set_capture_layers(draft.args.target_layer_ids)
+            for tau in args.tau:
+
+                def make(ref, tau=tau):
+                    return make_engine_drafter(
+                        draft,
+                        target,
+                        ref,
+                        tau=tau,
+                        block_size=block,
+                        vocab_size=vocab,
+                        seed=args.seed,
+                    )
+
+                arms.append(
+                    Arm(
+                        f"engine τ={tau:g}",
+                        make,
+                        block,
+                        tau_target=tau,
+                        calibrate=True,
+                    )
+                )
+        else:
+            # As `load_pair` loads it for `generate` and `serve`: the drafter
+            # in the device's dtype, the flag's block size over its own.
+            dtype = getattr(mx, args.dtype) if args.dtype else None
+            path, _, q = spec.partition("@q")
+            drafter, native, _ = load_drafter(
+                path, target, dtype=dtype, quantize=int(q) if q else None
+            )
+            if isinstance(drafter, DFlashDrafter):
+                # Fresh drafter state around the weights loaded once.
+                make = lambda ref, d=drafter.draft: DFlashDrafter(d, target)
+            else:
+                make = lambda ref, path=path: load_drafter(path, target)[0]
+
+            name = Path(path).name + (f"@q{q}" if q else "")
+            arms.append(Arm(name, make, block_size_for(args.block_size, native)))
+    if args.fallback:
+        for arm in arms:
+            arm.fallback = Fallback()
+    # A comma list of choices: every arm once per choice, the switch set in
+    # `Arm.setup` before each run (so the choices alternate within a case).
+    for flag, name, choices, switch in [
+        ("--block-linear", "linear", args.block_linear, target.set_block_linear),
+        (
+            "--attention-kernel",
+            "attention",
+            args.attention_kernel,
+            target.set_attention_kernel,
+        ),
+    ]:
+        if len(choices) > 1:
+            arms = [
+                replace(
+                    arm,
+                    name=f"{arm.name} {name}={choice}",
+                    setup=_then(arm.setup, switch, _on(choice, flag)),
+                )
+                for arm in arms
+                for choice in choices
+            ]
+    return arms
+
+
+def _then(setup, switch, on):
+    """An `Arm.setup` that runs `setup` (if any), then `switch(on)`."""
+
+    def both():
+        if setup is not None:
+            setup()
+        switch(on)
+
+    return both
