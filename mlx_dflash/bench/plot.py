@@ -116,8 +116,10 @@ class Acceptance:
 
     @classmethod
     def draw(cls, results, ax):
-        for k, (label, pos) in enumerate(cls.curves(results)):
-            xs = range(1, len(pos) + 1)
+        curves = list(cls.curves(results))
+        for k, (label, pos) in enumerate(curves):
+            dx = _nudge(k, len(curves), 0.3)  # equal curves stay visible
+            xs = [i + 1 + dx for i in range(len(pos))]
             ax.plot(xs, pos, marker=MARKERS[k % len(MARKERS)], ms=4, label=label)
         ax.set_xlabel("draft position")
         ax.set_ylabel("P(accepted | drafted)")
