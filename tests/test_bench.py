@@ -467,3 +467,45 @@ def test_cli_quantize_needs_a_shape(capsys):
     with pytest.raises(SystemExit):
         cli.main(["--quantize", "4", "--draft", "lookup"])
     assert "--quantize needs --shape" in capsys.readouterr().err
+def _case(suite, prompt, n, temp, arms):
+    stat = lambda v: {"median": v, "min": v, "max": v}
+    return {
+        "suite": suite,
+        "name": f"{suite}-0",
+        "prompt_tokens": prompt,
+        "max_tokens": n,
+        "sampling": {"temperature": temp},
+        "baseline": {"decode_tps": stat(10.0)},
+        "arms": {
+            a: {
+                "decode_tps": stat(20.0),
+                "speedup": stat(2.0),
+                "spec": {"tau": 3.0, "per_position_acceptance": [0.8, 0.5]},
+                "tau_per_run": stat(3.0),
+            }
+            for a in arms
+        },
+    }
+
+
+def test_png_draws_only_panels_the_run_varies(tmp_path):
+    """One length and one temperature: speeds beside stock and acceptance
+    only; lengths, temperatures and a suite's context sweep add their panels."""
+    from mlx_dflash.bench import plot
+
+    def panels(cases):
+        temps = sorted({c["sampling"]["temperature"] for c in cases})
+        rows = [
+            {"temperature": t, "decoder": a, "tau": 3.0,
+             "tau_per_run": {"median": 3.0, "min": 2.5, "max": 3.5}}
+            for t in temps for a in ("a", "b")
+        ]
+        results = {"title": "t", "cases": cases, "by_temperature": rows}
+        chosen = [p.__name__ for p in plot.PANELS if p.applies(results)]
+        plot.plot(results, tmp_path / "p.png")  # draws without error
+        return chosen
+
+    one = [_case("code", 70, 64, 0.0, ["a", "b"]), _case("chat", 56, 64, 0.0, ["a", "b"])]
+    assert panels(one) == ["Speeds", "Acceptance"]
+    varied = one + [_case("code", 900, 128, 1.0, ["a", "b"])]
+    assert panels(varied) == ["Speeds", "Acceptance", "Lengths", "Contexts", "Temperatures"]
