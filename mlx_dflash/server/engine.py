@@ -25,6 +25,7 @@ from ..fallback import Fallback
 from ..memory import available_memory, check_memory, memory_model
 from ..sampling import SamplingParams
 from ..stats import SpecStats
+from ..warmup import warm_up
 from .metrics import Metrics
 from .prompt_cache import PromptCache
 from .think import ThinkBudget, opens_think
@@ -62,6 +63,9 @@ class EngineConfig:
     # Reply tokens between the prompt cache's cut points (for GatedDeltaNet
     # models each point holds a copy of the recurrent state).
     reply_point_tokens: int = 256
+    # Run greedy and sampled generations before reporting ready, so that no
+    # request pays for what backends build on first use (warmup.py).
+    warm_up: bool = True
 
 
 # Context window of models whose config names none (max_position_embeddings).
@@ -242,6 +246,11 @@ class Engine:
                 )
             self.memory = memory_model(self.target, self.drafter)
             self.device = (device_info(), backend())
+            if self.config.warm_up:
+                warm_up(
+                    self.target, self.drafter, self.block_size, self.warm_settings()
+                )
+                mx.clear_cache()
             self.alive = True
         except BaseException as e:  # noqa: BLE001 - reported to start()
             self._load_error = e
@@ -276,6 +285,11 @@ class Engine:
                 gc.collect()
                 mx.clear_cache()
         self.alive = False
+
+    def warm_settings(self) -> List[SamplingParams]:
+        """Greedy, the APIs' default temperature and the server's own default."""
+        temps = {0.0, 1.0, self.config.default_temperature or 0.0}
+        return [SamplingParams(temperature=t) for t in sorted(temps)]
 
     # ---- requests --------------------------------------------------------------
 
