@@ -37,7 +37,11 @@ def compiled_kernels():
 
 def generate(target, drafter, params, max_tokens=2 * BLOCK + 3):
     steps = generate_step(
-        target, PROMPT, drafter, max_tokens=max_tokens, block_size=BLOCK,
+        target,
+        PROMPT,
+        drafter,
+        max_tokens=max_tokens,
+        block_size=BLOCK,
         sampling=params,
     )
     return [t for t, _ in steps]

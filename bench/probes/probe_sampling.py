@@ -43,7 +43,15 @@ from mlx_dflash.target import Target
 from mlx_dflash.warmup import warm_up
 
 T1 = SamplingParams(temperature=1.0)
-PATHS = ["greedy", "onehot", "q", "legacy-onehot", "legacy-q", "draft-q", "legacy-draft-q"]
+PATHS = [
+    "greedy",
+    "onehot",
+    "q",
+    "legacy-onehot",
+    "legacy-q",
+    "draft-q",
+    "legacy-draft-q",
+]
 
 
 # ---- the accept step before #22 (for comparison only) ----------------------------
@@ -66,7 +74,9 @@ def legacy_accept(draft, q, p, key):
     k_u, k_s = mx.random.split(key)
     if q is None:
         q = mx.zeros_like(p[:m])
-        q = mx.put_along_axis(q, draft[:, None].astype(mx.int32), mx.array(1.0), axis=-1)
+        q = mx.put_along_axis(
+            q, draft[:, None].astype(mx.int32), mx.array(1.0), axis=-1
+        )
     idx = draft[:, None].astype(mx.int32)
     p_x = mx.take_along_axis(p[:m], idx, axis=-1)[:, 0]
     q_x = mx.take_along_axis(q, idx, axis=-1)[:, 0]
@@ -111,7 +121,9 @@ def paths(logits, draft_logits, draft, key, params=T1):
         "legacy-onehot": lambda: legacy_accept(
             draft, None, legacy_probs(logits, params), key
         ),
-        "legacy-q": lambda: legacy_accept(draft, q_old, legacy_probs(logits, params), key),
+        "legacy-q": lambda: legacy_accept(
+            draft, q_old, legacy_probs(logits, params), key
+        ),
         "draft-q": lambda: sample_draft(draft_logits, params, key),
         "legacy-draft-q": lambda: (
             lambda q: [mx.random.categorical(mx.log(q), key=key), q]
@@ -169,9 +181,12 @@ def run_ops(args):
     logits, draft_logits, draft, key = inputs(vocab_of(args.shape), block)
     out = {"mode": "ops", "shape": args.shape, "block": block}
     out["paths_ms"] = {
-        k: med_ms(f, args.reps) for k, f in paths(logits, draft_logits, draft, key).items()
+        k: med_ms(f, args.reps)
+        for k, f in paths(logits, draft_logits, draft, key).items()
     }
-    out["ops_ms"] = {k: med_ms(f, args.reps) for k, f in ops(logits, draft, key).items()}
+    out["ops_ms"] = {
+        k: med_ms(f, args.reps) for k, f in ops(logits, draft, key).items()
+    }
     print(json.dumps(out), flush=True)
 
 
@@ -209,11 +224,21 @@ def run_cycle(args):
     prompt = mx.random.randint(0, 1000, (args.context,), key=mx.random.key(1)).tolist()
     n = args.max_tokens
     # The engine's oracle replays the target's own greedy output.
-    ref = [t for t, _ in generate_step(target, prompt, DFlashDrafter(draft, target), max_tokens=n)]
+    ref = [
+        t
+        for t, _ in generate_step(
+            target, prompt, DFlashDrafter(draft, target), max_tokens=n
+        )
+    ]
 
     def engine():
         return make_engine_drafter(
-            draft, target, prompt + ref, tau=args.tau, block_size=block, vocab_size=vocab
+            draft,
+            target,
+            prompt + ref,
+            tau=args.tau,
+            block_size=block,
+            vocab_size=vocab,
         )
 
     out = {"mode": "cycle", "shape": args.shape, "context": args.context, "tokens": n}
@@ -243,10 +268,16 @@ def run_cycle(args):
     mx.eval(q_new, q_old)
     accepts = {
         "greedy": lambda lg: [mx.argmax(lg, axis=-1)],
-        "onehot": lambda lg: speculative_accept(draft_tokens, None, log_weights(lg, T1), k),
-        "legacy-onehot": lambda lg: legacy_accept(draft_tokens, None, legacy_probs(lg, T1), k),
+        "onehot": lambda lg: speculative_accept(
+            draft_tokens, None, log_weights(lg, T1), k
+        ),
+        "legacy-onehot": lambda lg: legacy_accept(
+            draft_tokens, None, legacy_probs(lg, T1), k
+        ),
         "q": lambda lg: speculative_accept(draft_tokens, q_new, log_weights(lg, T1), k),
-        "legacy-q": lambda lg: legacy_accept(draft_tokens, q_old, legacy_probs(lg, T1), k),
+        "legacy-q": lambda lg: legacy_accept(
+            draft_tokens, q_old, legacy_probs(lg, T1), k
+        ),
     }
 
     def cycle(accept):
@@ -262,7 +293,9 @@ def run_cycle(args):
     for f in accepts.values():  # every path's first use before any is timed
         cycle(f)
     res = {"mode": "cycle_ms", "shape": args.shape, "context": args.context}
-    res.update({name: med_ms(lambda: cycle(f) or [], args.reps) for name, f in accepts.items()})
+    res.update(
+        {name: med_ms(lambda: cycle(f) or [], args.reps) for name, f in accepts.items()}
+    )
     print(json.dumps(res), flush=True)
 
 
