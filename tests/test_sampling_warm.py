@@ -128,3 +128,26 @@ def test_accept_shapes_do_not_depend_on_the_accepted_length(drafted):
         if a < m:
             assert candidates[a].item() != draft[a].item()
     assert len(lengths) > 2  # several accepted lengths, one shape
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_server_warms_before_it_reports_ready(monkeypatch, on):
+    pytest.importorskip("fastapi")  # the server stack (absent on the CUDA machine)
+    from helpers import random_provider
+
+    from mlx_dflash.server import engine as engine_mod
+
+    calls = []
+    real = engine_mod.warm_up
+
+    def spy(target, drafter, block_size, settings):
+        calls.append((block_size, [s.temperature for s in settings]))
+        real(target, drafter, block_size, settings)
+
+    monkeypatch.setattr(engine_mod, "warm_up", spy)
+    config = engine_mod.EngineConfig(default_temperature=0.5, warm_up=on)
+    engine = engine_mod.Engine(random_provider(block_size=4), config).start()
+    try:
+        assert calls == ([(4, [0.0, 0.5, 1.0])] if on else [])
+    finally:
+        engine.stop()
