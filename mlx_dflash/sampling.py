@@ -19,9 +19,10 @@ p and q go through the same transforms, taken from mlx_lm's own sampler
 sampling" means exactly `mlx_lm.sample_utils.make_sampler` with these settings.
 A temperature alone needs no normalisation first: the draws take unnormalised
 log-weights (logits / T), which `mx.random.categorical` normalises implicitly.
-Indexing only by arrays and ops whose kernels do not depend on the draft's
-length; `warm` runs the first-use builds (CUDA's JIT-compiled gathers, the
-`mx.compile`d transforms) ahead of the first request.
+The accepted length stays on the device, an array rather than a shape, so
+every cycle builds the same graph; `warm` runs what backends build on first
+use (CUDA's JIT-compiled gathers, the `mx.compile`d transforms) ahead of the
+first request.
 """
 
 from dataclasses import dataclass
