@@ -1,7 +1,9 @@
 """The generation thread: it alone owns the model, the caches and the drafter.
 
-HTTP handlers submit `Job`s; the thread runs them one at a time in FIFO order
-and streams `Event`s back onto each job's asyncio queue. A job stops between
+The thread loads the model and warms it (a greedy and a sampled generation,
+warmup.py) before `start` returns, so the first request pays no first-use
+builds. HTTP handlers submit `Job`s; the thread runs them one at a time in
+FIFO order and streams `Event`s back onto each job's asyncio queue. A job stops between
 prefill chunks or tokens when its client went away, stopped reading for
 longer than `stall_seconds`, passed its deadline, or the server shuts down.
 """
