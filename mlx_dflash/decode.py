@@ -21,7 +21,7 @@ import mlx.core as mx
 from .drafters import Drafter
 from .fallback import Fallback, FallbackState, PlainStretch
 from .rollback import rollback, snapshot
-from .sampling import SamplingParams, pick, probs, speculative_accept
+from .sampling import SamplingParams, log_weights, pick, speculative_accept
 from .stats import SpecStats
 from .target import Target
 
@@ -173,7 +173,7 @@ class Cycle:
 
     plain: bool  # a plain step: no draft, the anchor alone is verified
     draft: mx.array  # (n,) uint32, n <= B-1
-    q: Optional[mx.array]  # the draft's distributions, when sampled from it
+    q: Optional[mx.array]  # the draft's log-weights, when sampled from it
     probe: Optional[mx.array]  # a fallback probe's draft, checked by plain steps
     key: mx.array  # what the acceptance draws with
 
@@ -314,8 +314,8 @@ class Decoding:
             candidates = mx.argmax(logits, axis=-1)
             accepted = draft == candidates[:-1]
         else:
-            p = probs(logits, self.params)
-            accepted, candidates = speculative_accept(draft, cycle.q, p, cycle.key)
+            w = log_weights(logits, self.params)
+            accepted, candidates = speculative_accept(draft, cycle.q, w, cycle.key)
         lp = _logprobs(logits, candidates, self.logprobs, draft)
         mx.eval(accepted, candidates, draft, lp, cycle.probe)
         accepted, candidates = accepted.tolist(), candidates.tolist()

@@ -17,6 +17,7 @@ from .load import (
 )
 from .memory import available_memory, check_memory, gb, memory_model
 from .sampling import SamplingParams
+from .warmup import warm_up
 
 
 def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -126,6 +127,8 @@ def run(args) -> dict:
         f"{'unknown' if available is None else gb(available)} available",
     )
     check_memory(estimate, available)
+    # Only the sampling steps of this run's setting: the generation warms the rest.
+    warm_up(target, drafter, block_size, [sampling], generate=False)
     pieces, tokens = [], []
     last = None
     for r in stream_generate(

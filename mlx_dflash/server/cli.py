@@ -95,6 +95,13 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=MAX_REQUEST_BYTES,
         help=f"answer 413 to larger request bodies (default {MAX_REQUEST_BYTES >> 20} MiB)",
     )
+    parser.add_argument(
+        "--no-warm-up",
+        action="store_true",
+        help="report ready without first running a greedy and a sampled "
+        "generation (then the first request of each kind pays for the kernels "
+        "backends build on first use)",
+    )
     parser.add_argument("--log-level", default="info")
     return parser
 
@@ -199,6 +206,7 @@ def main(argv=None):
         ),
         request_timeout=args.request_timeout,
         stall_seconds=args.stall_timeout,
+        warm_up=not args.no_warm_up,
     )
     with one_line_errors(parser):
         engine = Engine(make_provider(args), config).start()

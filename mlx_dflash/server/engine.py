@@ -1,10 +1,12 @@
 """The generation thread: it alone owns the model, the caches and the drafter.
 
-HTTP handlers submit `Job`s (job.py); the thread runs them one at a time in
-FIFO order (generation.py runs one) and streams `Event`s back onto each job's
-asyncio queue. A job stops between prefill chunks or tokens when its client
-went away, stopped reading for longer than `stall_seconds`, passed its
-deadline, or the server shuts down.
+The thread loads the model and warms it (a greedy and a sampled generation,
+warmup.py) before `start` returns, so the first request pays no first-use
+builds. HTTP handlers submit `Job`s (job.py); the thread runs them one at a
+time in FIFO order (generation.py runs one) and streams `Event`s back onto
+each job's asyncio queue. A job stops between prefill chunks or tokens when
+its client went away, stopped reading for longer than `stall_seconds`, passed
+its deadline, or the server shuts down.
 """
 
 import asyncio
@@ -15,13 +17,15 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import mlx.core as mx
 
 from ..device import backend, device_info
 from ..fallback import Fallback
 from ..memory import available_memory, check_memory, memory_model
+from ..sampling import SamplingParams
+from ..warmup import warm_up
 from .generation import generate
 from .job import Event, Job, engine_name, stopped
 from .metrics import Metrics
@@ -56,6 +60,9 @@ class EngineConfig:
     # Reply tokens between the prompt cache's cut points (for GatedDeltaNet
     # models each point holds a copy of the recurrent state).
     reply_point_tokens: int = 256
+    # Run greedy and sampled generations before reporting ready, so that no
+    # request pays for what backends build on first use (warmup.py).
+    warm_up: bool = True
 
 
 # Context window of models whose config names none (max_position_embeddings).
@@ -151,6 +158,11 @@ class Engine:
                 )
             self.memory = memory_model(self.target, self.drafter)
             self.device = (device_info(), backend())
+            if self.config.warm_up:
+                warm_up(
+                    self.target, self.drafter, self.block_size, self.warm_settings()
+                )
+                mx.clear_cache()
             self.alive = True
         except BaseException as e:  # noqa: BLE001 - reported to start()
             self._load_error = e
@@ -185,6 +197,11 @@ class Engine:
                 gc.collect()
                 mx.clear_cache()
         self.alive = False
+
+    def warm_settings(self) -> List[SamplingParams]:
+        """Greedy, the APIs' default temperature and the server's own default."""
+        temps = {0.0, 1.0, self.config.default_temperature or 0.0}
+        return [SamplingParams(temperature=t) for t in sorted(temps)]
 
     # ---- requests --------------------------------------------------------------
 
