@@ -12,6 +12,7 @@ from typing import Any, List, Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.base import gather_last_axis
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
 
 from .cache import BucketKVCache
@@ -284,8 +285,14 @@ class Target:
 
     def logits(self, h: mx.array) -> mx.array:
         """The LM head on hidden states `h` (one kernel for 2-64 rows where the
-        block path has it)."""
-        return self.fitting.logits(h, self.head)
+        block path has it). A head split by vocabulary across ranks (mlx_lm's
+        `shard`: `lm.sharding_group`) is gathered, as the model's own
+        `__call__` does, so every rank decides on the whole vocabulary."""
+        logits = self.fitting.logits(h, self.head)
+        group = getattr(self.lm, "sharding_group", None)
+        if group is not None:
+            logits = gather_last_axis(logits, group)
+        return logits
 
     def embed(self, tokens: mx.array) -> mx.array:
         return self.embed_tokens(tokens)

@@ -1,0 +1,141 @@
+"""Decoding on a target sharded across processes with `mx.distributed`.
+
+Under MLX's launcher (`mlx.launch ... -- mlx-dflash generate|serve|bench`)
+every rank loads the target through mlx_lm's own tensor-parallel sharding
+(`model.shard(group)`, what `mlx_lm.utils.sharded_load` calls) and a full
+copy of the drafter. After each all-reduce the residual stream, and so every
+captured hidden state, is the same on every rank; a vocabulary-sharded head
+is gathered before any decision (`Target.logits`). So every rank drafts,
+verifies and accepts identically, and rolls back its own shard of the caches
+(its KV heads, its GatedDeltaNet heads) with the one-process code.
+
+What must be the same on every rank but is not computed from the model --
+a request's prompt ids, its parameters, a random seed, "stop now" -- rank 0
+decides and shares with `World.share`: one all_sum of a padded int array, so
+nothing travels but mx.distributed's own collectives. Only rank 0 prints or
+serves HTTP; the others follow (`server/follow.py`).
+"""
+
+import json
+import sys
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import mlx.core as mx
+
+# The order `World.init` probes backends in: a backend the launcher did not
+# configure gives a one-process group, the configured one gives the world.
+BACKENDS = ("jaccl", "ring", "nccl", "mpi")
+
+
+@dataclass(frozen=True)
+class World:
+    """The process group a run decodes across (size 1: one process).
+
+    `mode` is "single" (one process) or "tensor" (the target's linears split
+    across ranks by mlx_lm's `shard`).
+    """
+
+    group: Optional[Any]
+    backend: Optional[str]
+    mode: str
+
+    @classmethod
+    def init(cls) -> "World":
+        """The world MLX's launcher started this process in, or a single one."""
+        if not mx.distributed.is_available():
+            return SINGLE
+        for name in BACKENDS:
+            try:
+                group = mx.distributed.init(backend=name)
+            except RuntimeError:
+                continue
+            if group.size() > 1:
+                return cls(group, name, "tensor")
+        return SINGLE
+
+    @property
+    def size(self) -> int:
+        return 1 if self.group is None else self.group.size()
+
+    @property
+    def rank(self) -> int:
+        return 0 if self.group is None else self.group.rank()
+
+    @property
+    def leader(self) -> bool:
+        """Rank 0: the one that prints, serves and decides."""
+        return self.rank == 0
+
+    def info(self) -> dict:
+        """What `--json` and `/v1/models` report as `distributed`."""
+        return {"world_size": self.size, "backend": self.backend, "mode": self.mode}
+
+    def share(self, value: Any = None) -> Any:
+        """Rank 0's `value` (anything JSON can hold) on every rank.
+
+        Two all_sums on the CPU stream: the byte length, then the bytes
+        (every other rank adds zeros). Every rank must call it at the same
+        point; the others pass nothing.
+        """
+        if self.size == 1:
+            return value
+        data = json.dumps(value).encode() if self.leader else b""
+        n = self._sum(mx.array([len(data)], dtype=mx.int32)).item()
+        if not self.leader:
+            data = bytes(n)
+        buf = mx.array(list(data), dtype=mx.int32) if n else mx.zeros((0,), mx.int32)
+        got = bytes(self._sum(buf).tolist()) if n else b""
+        return value if self.leader else json.loads(got)
+
+    def barrier(self):
+        if self.size > 1:
+            self._sum(mx.array([1], dtype=mx.int32))
+
+    def _sum(self, x: mx.array) -> mx.array:
+        y = mx.distributed.all_sum(x, group=self.group, stream=mx.cpu)
+        mx.eval(y)
+        return y
+
+    def fail(self, message: str):
+        """End this rank with `message`. MLX's launcher then ends every other
+        rank (it stops all when one exits non-zero), so none waits in a
+        collective for a peer that is gone."""
+        print(f"[mlx-dflash] rank {self.rank}/{self.size}: {message}", file=sys.stderr)
+        sys.stderr.flush()
+        sys.stdout.flush()
+        import os
+
+        os._exit(1)
+
+
+SINGLE = World(None, None, "single")
+
+
+def shard(model, world: World, where: str = "--model"):
+    """Split `model` across `world` with mlx_lm's own `shard` (tensor parallel).
+
+    A model family mlx_lm cannot shard is a ValueError naming it.
+    """
+    if world.size == 1:
+        return model
+    if not hasattr(model, "shard"):
+        kind = getattr(getattr(model, "args", None), "model_type", type(model).__name__)
+        raise ValueError(
+            f"{where}: mlx_lm has no tensor-parallel sharding for model type {kind!r}"
+        )
+    model.shard(world.group)
+    mx.eval(model.parameters())
+    return model
+
+
+def same_seed(world: World, sampling):
+    """`sampling` with a seed every rank shares: a sampled run without one
+    would draw its own random key on each rank and the ranks would part."""
+    if world.size == 1 or sampling.greedy or sampling.seed is not None:
+        return sampling
+    import dataclasses
+    import os
+
+    seed = world.share(int.from_bytes(os.urandom(4), "little") if world.leader else None)
+    return dataclasses.replace(sampling, seed=seed)
