@@ -13,7 +13,7 @@ What must be the same on every rank but is not computed from the model --
 a request's prompt ids, its parameters, a random seed, "stop now" -- rank 0
 decides and shares with `World.share`: one all_sum of a padded int array, so
 nothing travels but mx.distributed's own collectives. Only rank 0 prints or
-serves HTTP; the others follow (`server/follow.py`).
+serves HTTP; the others follow it (`lockstep.py`).
 """
 
 import json
@@ -22,10 +22,12 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import mlx.core as mx
+import numpy as np
 
 # The order `World.init` probes backends in: a backend the launcher did not
 # configure gives a one-process group, the configured one gives the world.
 BACKENDS = ("jaccl", "ring", "nccl", "mpi")
+INLINE = 255  # bytes of a shared value that travel with its length
 
 
 @dataclass(frozen=True)
@@ -74,18 +76,25 @@ class World:
     def share(self, value: Any = None) -> Any:
         """Rank 0's `value` (anything JSON can hold) on every rank.
 
-        Two all_sums on the CPU stream: the byte length, then the bytes
-        (every other rank adds zeros). Every rank must call it at the same
-        point; the others pass nothing.
+        One all_sum on the CPU stream of a fixed-size int array (every other
+        rank adds zeros): the byte length and the first `INLINE` bytes; a
+        longer value (a prompt) takes a second all_sum for the rest. Every
+        rank must call it at the same point; the others pass nothing.
         """
         if self.size == 1:
             return value
         data = json.dumps(value).encode() if self.leader else b""
-        n = self._sum(mx.array([len(data)], dtype=mx.int32)).item()
-        if not self.leader:
-            data = bytes(n)
-        buf = mx.array(list(data), dtype=mx.int32) if n else mx.zeros((0,), mx.int32)
-        got = bytes(self._sum(buf).tolist()) if n else b""
+        head = np.zeros(INLINE + 1, np.int32)
+        head[0] = len(data)
+        head[1 : 1 + min(len(data), INLINE)] = np.frombuffer(data[:INLINE], np.uint8)
+        head = np.array(self._sum(mx.array(head)))
+        n = int(head[0])
+        got = head[1 : 1 + min(n, INLINE)].astype(np.uint8).tobytes()
+        if n > INLINE:
+            rest = np.zeros(n - INLINE, np.int32)
+            if self.leader:
+                rest[:] = np.frombuffer(data[INLINE:], np.uint8)
+            got += np.array(self._sum(mx.array(rest))).astype(np.uint8).tobytes()
         return value if self.leader else json.loads(got)
 
     def barrier(self):

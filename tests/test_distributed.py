@@ -7,8 +7,10 @@ split, untied head split by vocabulary). Each rank runs tests/distributed_ranks.
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import mlx.core as mx
@@ -100,3 +102,142 @@ def test_two_ranks_equal_one_process(dirs, ranked, family):
             run = r[f"{name}/sampled"]
             assert run["tokens"] == ref[f"{name}/sampled"], name
             assert run["cache_diff"] <= 1e-5, name
+
+
+PROMPT_TEXT = "hello world"
+MAX_TOKENS = 10
+
+
+@pytest.fixture(scope="module")
+def single_json(dirs):
+    """`mlx-dflash generate --json` in one process: the tokens to match."""
+    from helpers import run_cli
+
+    done = run_cli(
+        *map(str, [
+            "generate", "--model", dirs / "qwen3_5", "--draft", dirs / "draft",
+            "--prompt", PROMPT_TEXT, "--max-tokens", MAX_TOKENS, "--json",
+        ])
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_generate_cli_under_the_launcher(dirs, single_json):
+    """Rank 0 alone prints: one JSON object, the one-process tokens, world_size 2."""
+    done = launch(
+        sys.executable, "-m", "mlx_dflash.cli", "generate",
+        "--model", dirs / "qwen3_5", "--draft", dirs / "draft",
+        "--prompt", PROMPT_TEXT, "--max-tokens", MAX_TOKENS, "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 1, done.stdout
+    result = json.loads(lines[0])
+    assert result["distributed"] == {"world_size": 2, "backend": "ring", "mode": "tensor"}
+    assert single_json["distributed"]["world_size"] == 1
+    assert result["tokens"] == single_json["tokens"] and result["text"] == single_json["text"]
+    assert result["stats"]["cycles"] > 0  # it speculated (no fallback across ranks)
+
+
+def descendants(pid: int):
+    """Process ids under `pid` (from /proc)."""
+    parents = {}
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                parents[int(p.name)] = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError):
+                pass
+    out, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        kids = [c for c, par in parents.items() if par == parent]
+        out += kids
+        todo += kids
+    return out
+
+
+def rank_of(pid: int):
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for e in env:
+        if e.startswith(b"MLX_RANK="):
+            return int(e[9:])
+    return None
+
+
+@pytest.mark.slow
+def test_serve_under_the_launcher(dirs, single_json):
+    """Rank 0 answers the OpenAI SDK (the one-process text, streaming and not);
+    killing rank 1 then ends every rank, no hang."""
+    import httpx
+    from helpers import free_port
+    from openai import OpenAI
+
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "mlx_dflash.serve", "--model", dirs / "qwen3_5",
+        "--draft", dirs / "draft", "--port", port, "--log-level", "warning",
+    ]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        [str(LAUNCH), "-n", "2", "--backend", "ring", "--", *map(str, cmd)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(240):
+            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        card = httpx.get(url + "/v1/models").json()["data"][0]
+        assert card["mlx_dflash"]["distributed"] == {
+            "world_size": 2,
+            "backend": "ring",
+            "mode": "tensor",
+        }
+        client = OpenAI(base_url=url + "/v1", api_key="none")
+        ask = dict(
+            model="default",
+            messages=[{"role": "user", "content": PROMPT_TEXT}],
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+        )
+        reply = client.chat.completions.create(**ask)
+        assert reply.choices[0].message.content == single_json["text"]
+        assert reply.usage.completion_tokens == len(single_json["tokens"]) + 1  # + EOS
+        chunks = client.chat.completions.create(**ask, stream=True)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == single_json["text"]
+        # Seeded sampling answers the same twice (one key shared by the ranks).
+        sampled = [
+            client.chat.completions.create(**dict(ask, temperature=1.0, seed=5))
+            .choices[0]
+            .message.content
+            for _ in range(2)
+        ]
+        assert sampled[0] == sampled[1]
+
+        ranks_alive = descendants(proc.pid)
+        followers = [p for p in ranks_alive if rank_of(p) == 1]
+        assert followers, "rank 1 not found"
+        tic = time.time()
+        for p in followers:
+            os.kill(p, signal.SIGKILL)
+        proc.wait(timeout=60)  # the launcher ends rank 0 too (its exit code is 0)
+        left = [p for p in ranks_alive if Path(f"/proc/{p}").exists()]
+        assert not left and time.time() - tic < 60
+        assert "rank 1" in proc.stderr.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -62,6 +62,10 @@ class EngineConfig:
     # Reply tokens between the prompt cache's cut points (for GatedDeltaNet
     # models each point holds a copy of the recurrent state).
     reply_point_tokens: int = 256
+    # The ranks the target is split across (distributed.World.info()).
+    distributed: dict = field(
+        default_factory=lambda: {"world_size": 1, "backend": None, "mode": "single"}
+    )
 
 
 # Context window of models whose config names none (max_position_embeddings).
@@ -161,9 +165,14 @@ class Engine:
     """Owns the model on one worker thread; see the module docstring."""
 
     def __init__(
-        self, provider: Provider, config: EngineConfig, metrics: Metrics = None
+        self,
+        provider: Provider,
+        config: EngineConfig,
+        metrics: Metrics = None,
+        steps=generate_step,
     ):
         self.config = config
+        self.steps = steps  # decode.generate_step, or lockstep.Leader across ranks
         self.metrics = metrics or Metrics()
         self._provider = provider
         self._queue: "queue.Queue[Optional[Job]]" = queue.Queue()
@@ -428,7 +437,7 @@ class Engine:
                     sampling = dataclasses.replace(
                         sampling, seed=job.sampling.seed + len(out)
                     )
-                steps = generate_step(
+                steps = self.steps(
                     target,
                     context,
                     self.drafter,
