@@ -1,4 +1,5 @@
-"""The block-kernel seam keeps layers split by mlx_lm's `shard` on the stock path.
+"""One-process checks of the distributed seams: the block-kernel seam keeps layers split by
+mlx_lm's `shard` on the stock path, and doctor reports the group.
 
 One process: `model.shard` over MLX's one-rank group gives the same layer types
 and `sharding_group`s as a real split (mlx.nn.layers.distributed linears; for
@@ -45,3 +46,12 @@ def test_unsharded_layers_keep_their_kernels():
     assert not any(sharded(layer) for layer in model.layers)
     target = Target(model, block_path=BlockPath.choose(OpsKernels()))
     assert len(target.fitting.layers) == target.num_layers
+
+
+def test_doctor_reports_the_group():
+    from mlx_dflash import doctor
+
+    g = doctor.collect(measure_blas=False)["distributed"]
+    assert g["world_size"] == 1 and g["mode"] == "single" and g["rank"] == 0
+    assert "ring" in g["backends_available"] and g["all_sum_us"] is None
+    assert "distributed: world size 1" in doctor.format_text(doctor.collect(measure_blas=False))
