@@ -17,6 +17,7 @@ from typing import List
 
 import mlx.core as mx
 
+from ..distributed import World, shard
 from ..drafters import DFlashDrafter, PromptLookupDrafter
 from ..fallback import POLICY_HELP, Fallback
 from ..load import (
@@ -199,6 +200,7 @@ def load(args):
         model = build_target(
             args.shape, dtype=dtype, seed=args.seed, peaked=args.peaked
         )
+        shard(model, args.world, "--shape")  # the same seeded weights on every rank
         target = Target(model, **_kernels(args))
         layers = args.draft_layers or 5
         make = lambda: build_draft(
@@ -211,7 +213,9 @@ def load(args):
         kind = "peaked random" if args.peaked else "random"
         return target, None, f"{kind} {args.shape} ({args.dtype or 'bfloat16'})", make
     # `load_pair`'s target: the default one in fp32 on CPU, as `generate` runs it.
-    target, tokenizer = load_target(args.model, dtype=dtype, **_kernels(args))
+    target, tokenizer = load_target(
+        args.model, dtype=dtype, world=args.world, **_kernels(args)
+    )
     layers = args.draft_layers or 1
     make = lambda: draft_for_target(
         target.model,
@@ -348,6 +352,13 @@ def run(args, argv) -> dict:
     if args.block_size is not None and args.block_size < 2:
         raise ValueError(f"--block-size must be >= 2, got {args.block_size}")
     samplings = sampling_settings(args)
+    # Under mlx.launch: the target split across the ranks; rank 0 reports.
+    world = args.world = World.init()
+    if world.size > 1 and args.fallback:
+        raise ValueError(
+            "--fallback times cycles on each rank, whose choices could differ: "
+            "leave it out under mlx.launch"
+        )
     target, tokenizer, label, make_draft = load(args)
     vocab = target.embed_tokens.weight.shape[0]
     arms = make_arms(args, target, vocab, make_draft)
@@ -367,7 +378,10 @@ def run(args, argv) -> dict:
     per_case = (
         1 + len(arms) + (0 if args.no_profile else 1) + args.repeats * (len(arms) + 1)
     )
-    step, stop = _progress(per_case * len(cases))
+    if world.leader:
+        step, stop = _progress(per_case * len(cases))
+    else:
+        step, stop = (lambda msg: None), (lambda: None)
     results = []
     try:
         for case in cases:
@@ -385,7 +399,7 @@ def run(args, argv) -> dict:
             )
     finally:
         stop()
-    settings = {k: v for k, v in vars(args).items()}
+    settings = {k: v for k, v in vars(args).items() if k != "world"}
     sizes = sorted({a.block_size for a in arms})
     settings.update(
         target=label,
@@ -394,6 +408,7 @@ def run(args, argv) -> dict:
         draft_layers=args.draft_layers,
         greedy=all(sp.greedy for sp in samplings),
         eos="off (fixed lengths)",
+        distributed=world.info(),
         baseline="mlx_lm.generate.generate_step"
         + (
             ""
@@ -425,6 +440,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     with one_line_errors(parser):
         results = run(args, argv)
+    if not args.world.leader:
+        return
     stem = Path(args.out or f"bench/results/bench-{time.strftime('%Y%m%d-%H%M%S')}")
     command = "mlx-dflash bench " + " ".join(shlex.quote(a) for a in argv)
     paths = report.write(results, stem, command, png=not args.no_png)
