@@ -208,18 +208,26 @@ def main():
     p.add_argument("--tau", type=float, nargs="+", default=[4.0, 6.0])
     p.add_argument("--block", type=int, default=16)
     p.add_argument("--context", type=int, default=2048)
+    p.add_argument("--rdma-us", type=float, default=28.0, help="one 2-rank collective")
+    p.add_argument("--tcp-us", type=float, default=280.0, help="one 2-rank collective")
     args = p.parse_args()
+    LINKS[0].alpha_us, LINKS[1].alpha_us = args.rdma_us, args.tcp_us
     machine = Machine()
     taus = args.tau
     print(
-        "| target | Macs | link | step ms (weights + collectives) | plain tok/s | "
+        "| target | Macs | link | step ms (weights + collectives) | plain tok/s "
+        "(× 1 Mac) | "
         f"verify ms, B={args.block} (pess. / opt.) | verify / step | "
-        + " | ".join(f"DFlash tok/s τ={t:g} (pess. / opt.) | speedup τ={t:g}" for t in taus)
+        + " | ".join(
+            f"DFlash tok/s τ={t:g} (pess. / opt.) | speedup τ={t:g} vs plain here"
+            for t in taus
+        )
         + " |"
     )
     print("|" + "---|" * (7 + 2 * len(taus)))
     for m in MODELS:
         draft = draft_seconds(m, args.block, machine)
+        one = sum(step_seconds(m, 1, 1, LINKS[0], machine, context=args.context))
         for n in (1, 2, 4):
             for link in LINKS if n > 1 else LINKS[:1]:
                 c1, k1 = step_seconds(m, n, 1, link, machine, context=args.context)
@@ -238,7 +246,7 @@ def main():
                     str(n),
                     link.name if n > 1 else "-",
                     f"{step * 1e3:.1f} ({c1 * 1e3:.1f} + {k1 * 1e3:.1f})",
-                    f"{1 / step:.1f}",
+                    f"{1 / step:.1f} ({one / step:.2f}×)",
                     f"{verify['pessimistic'] * 1e3:.1f} / {verify['optimistic'] * 1e3:.1f}",
                     f"{verify['pessimistic'] / step:.2f} / {verify['optimistic'] / step:.2f}",
                 ]
@@ -247,6 +255,8 @@ def main():
                     cells.append(f"{tps['pessimistic']:.1f} / {tps['optimistic']:.1f}")
                     cells.append(
                         f"{tps['pessimistic'] * step:.2f}× / {tps['optimistic'] * step:.2f}×"
+                        f" (1 Mac plain: {tps['pessimistic'] * one:.2f}× / "
+                        f"{tps['optimistic'] * one:.2f}×)"
                     )
                 print("| " + " | ".join(cells) + " |")
     print()
