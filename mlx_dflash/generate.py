@@ -176,7 +176,8 @@ def main(argv=None):
             prog="mlx-dflash generate",
             description="Generate with DFlash speculative decoding. Greedy output is "
             "token for token the target's own; with --temp, speculative sampling keeps "
-            "the output distributed exactly as sampling from the target alone.",
+            "the output distributed exactly as sampling from the target alone. Under "
+            "mlx.launch the target is split across the ranks and rank 0 prints.",
         )
     )
     args = parser.parse_args(argv)

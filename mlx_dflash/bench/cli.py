@@ -4,6 +4,8 @@ Examples:
   mlx-dflash bench --draft lookup,engine --max-tokens 128          # default pair
   mlx-dflash bench --shape qwen3-8b --draft engine --tau 4,6.5,9   # random 8B shape
   mlx-dflash bench --draft path/to/draft --temp 0,0.7,1.0            # τ per temperature
+  mlx.launch -n 2 --backend ring -- mlx-dflash bench --shape tiny-qwen3.5 --draft lookup
+                                    # target split across ranks; rank 0 reports
 """
 
 import argparse

@@ -166,7 +166,8 @@ def main(argv=None):
         argparse.ArgumentParser(
             prog="mlx-dflash serve",
             description="Serve a model with DFlash speculative decoding over the OpenAI "
-            "and Anthropic HTTP APIs.",
+            "and Anthropic HTTP APIs. Under mlx.launch the target is split across the "
+            "ranks and rank 0 serves (no prompt cache or fallback there).",
         )
     )
     args = parser.parse_args(argv)
