@@ -9,7 +9,6 @@ OpsKernels, which counts launches).
 """
 
 import mlx.core as mx
-import mlx.nn as nn
 import pytest
 from helpers import N, PROMPT, random_dflash, run
 from mlx_lm.generate import generate_step as stock_generate_step

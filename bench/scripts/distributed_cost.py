@@ -196,11 +196,12 @@ def step_seconds(m, n, tokens, link, machine, *, context, routing="pessimistic")
     return compute, comm
 
 
-def draft_seconds(m: Shape, block: int, machine: Machine, layers: int = 5) -> float:
+def draft_seconds(m: Shape, machine: Machine, layers: int = 5) -> float:
+    """One draft pass: memory-bound (a block of B rows through a few layers)."""
     H = m.hidden
     per_layer = 4 * H * H + 3 * H * 3 * H  # attention + MLP, bf16
     nbytes = layers * per_layer * 2 + Q4 * m.vocab * H  # + the target head (full)
-    return nbytes / (machine.gb_per_s * 1e9 * machine.bw_eff) + 0 * block
+    return nbytes / (machine.gb_per_s * 1e9 * machine.bw_eff)
 
 
 def main():
@@ -226,7 +227,7 @@ def main():
     )
     print("|" + "---|" * (7 + 2 * len(taus)))
     for m in MODELS:
-        draft = draft_seconds(m, args.block, machine)
+        draft = draft_seconds(m, machine)
         one = sum(step_seconds(m, 1, 1, LINKS[0], machine, context=args.context))
         for n in (1, 2, 4):
             for link in LINKS if n > 1 else LINKS[:1]:
@@ -261,9 +262,9 @@ def main():
                 print("| " + " | ".join(cells) + " |")
     print()
     print(
-        f"Draft pass (replicated, every N): "
+        "Draft pass (replicated, every N): "
         + ", ".join(
-            f"{m.name} {draft_seconds(m, args.block, machine) * 1e3:.1f} ms"
+            f"{m.name} {draft_seconds(m, machine) * 1e3:.1f} ms"
             for m in MODELS
         )
         + f"; context {args.context} tokens."
