@@ -24,8 +24,8 @@ from typing import Any, Optional
 import mlx.core as mx
 import numpy as np
 
-# The order `World.init` probes backends in: a backend the launcher did not
-# configure gives a one-process group, the configured one gives the world.
+# The order `World.init` names the running backend in: one the launcher did not
+# configure gives a one-process group, the one already up gives the world.
 BACKENDS = ("jaccl", "ring", "nccl", "mpi")
 INLINE = 255  # bytes of a shared value that travel with its length
 
@@ -47,14 +47,17 @@ class World:
         """The world MLX's launcher started this process in, or a single one."""
         if not mx.distributed.is_available():
             return SINGLE
+        group = mx.distributed.init()  # what mlx_lm's sharded_load uses too
+        if group.size() == 1:
+            return SINGLE
+        # Name the backend: asking for the one already up returns its group.
         for name in BACKENDS:
             try:
-                group = mx.distributed.init(backend=name)
+                if mx.distributed.init(backend=name).size() == group.size():
+                    return cls(group, name, "tensor")
             except RuntimeError:
                 continue
-            if group.size() > 1:
-                return cls(group, name, "tensor")
-        return SINGLE
+        return cls(group, "unknown", "tensor")
 
     @property
     def size(self) -> int:
