@@ -241,3 +241,22 @@ def test_serve_under_the_launcher(dirs, single_json):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.slow
+def test_bench_under_the_launcher(dirs, tmp_path):
+    """Rank 0 alone writes the report; the arms match stock token for token."""
+    out = tmp_path / "bench"
+    done = launch(
+        sys.executable, "-m", "mlx_dflash.cli", "bench", "--model", dirs / "qwen3_5",
+        "--draft", f"lookup,{dirs / 'draft'}", "--suites", "code",
+        "--prompts-per-suite", 1, "--max-tokens", 12, "--repeats", 1, "--cooldown", 0,
+        "--no-png", "--no-profile", "--out", out,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("wrote ") == 1
+    results = json.loads(out.with_suffix(".json").read_text())
+    assert results["settings"]["distributed"]["world_size"] == 2
+    for case in results["cases"]:
+        for arm in case["arms"].values():
+            assert arm["token_match"]["equal_pct"] == 100.0
