@@ -1,5 +1,5 @@
 """One-process checks of the distributed seams: the block-kernel seam keeps layers split by
-mlx_lm's `shard` on the stock path, and doctor reports the group.
+mlx_lm's `shard` on the stock path; doctor and `/v1/models` report the group.
 
 One process: `model.shard` over MLX's one-rank group gives the same layer types
 and `sharding_group`s as a real split (mlx.nn.layers.distributed linears; for
@@ -54,3 +54,14 @@ def test_doctor_reports_the_group():
     assert g["world_size"] == 1 and g["mode"] == "single" and g["rank"] == 0
     assert "ring" in g["backends_available"] and g["all_sum_us"] is None
     assert "distributed: world size 1" in doctor.format_text(doctor.collect(measure_blas=False))
+
+
+def test_models_card_reports_one_process(srv):
+    import httpx
+
+    card = httpx.get(srv.url + "/v1/models").json()["data"][0]
+    assert card["mlx_dflash"]["distributed"] == {
+        "world_size": 1,
+        "backend": None,
+        "mode": "single",
+    }
