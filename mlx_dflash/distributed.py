@@ -34,8 +34,9 @@ INLINE = 255  # bytes of a shared value that travel with its length
 class World:
     """The process group a run decodes across (size 1: one process).
 
-    `mode` is "single" (one process) or "tensor" (the target's linears split
-    across ranks by mlx_lm's `shard`).
+    `mode` is "single" (one process), "tensor" (the target's linears split
+    across ranks by mlx_lm's `shard`) or "pipeline" (its layers split into
+    ranges by mlx_lm's `pipeline`).
     """
 
     group: Optional[Any]
@@ -43,21 +44,23 @@ class World:
     mode: str
 
     @classmethod
-    def init(cls) -> "World":
-        """The world MLX's launcher started this process in, or a single one."""
+    def init(cls, pipeline: bool = False) -> "World":
+        """The world MLX's launcher started this process in, or a single one;
+        `pipeline` splits the target by layers instead of tensor parallel."""
         if not mx.distributed.is_available():
             return SINGLE
         group = mx.distributed.init()  # what mlx_lm's sharded_load uses too
         if group.size() == 1:
             return SINGLE
+        mode = "pipeline" if pipeline else "tensor"
         # Name the backend: asking for the one already up returns its group.
         for name in BACKENDS:
             try:
                 if mx.distributed.init(backend=name).size() == group.size():
-                    return cls(group, name, "tensor")
+                    return cls(group, name, mode)
             except RuntimeError:
                 continue
-        return cls(group, "unknown", "tensor")
+        return cls(group, "unknown", mode)
 
     @property
     def size(self) -> int:
@@ -131,6 +134,8 @@ def shard(model, world: World, where: str = "--model"):
     """
     if world.size == 1:
         return model
+    if world.mode == "pipeline":
+        raise ValueError(f"{where}: --pipeline needs an mlx_lm directory or repo")
     if not hasattr(model, "shard"):
         kind = getattr(getattr(model, "args", None), "model_type", type(model).__name__)
         raise ValueError(

@@ -91,7 +91,7 @@ def log(args, message: str):
 def run(args) -> dict:
     check_engine_args(args)
     # Under mlx.launch: the target split across the ranks; rank 0 prints.
-    world = args.world = World.init()
+    world = args.world = World.init(pipeline=args.pipeline)
     prompt_text = read_prompt(args.prompt)
     sampling = same_seed(world, SamplingParams.from_options(args, temperature=args.temp))
     options = engine_options(args)

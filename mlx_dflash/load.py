@@ -125,12 +125,21 @@ def load_target(
         if local is not None:
             check_model_dir(local)
         if world.size > 1:
-            model, tokenizer = sharded_load(str(local or path), tensor_group=world.group)
+            split = "pipeline_group" if world.mode == "pipeline" else "tensor_group"
+            try:
+                model, tokenizer = sharded_load(str(local or path), **{split: world.group})
+            except ValueError as e:  # e.g. a family mlx_lm does not pipeline
+                raise ValueError(f"--model {path}: {e}") from None
         else:
             model, tokenizer = load(str(local or path))
         if dtype is not None:
             model.set_dtype(dtype)
-    target = Target(model, block_linear=block_linear, attention_kernel=attention_kernel)
+    target = Target(
+        model,
+        block_linear=block_linear,
+        attention_kernel=attention_kernel,
+        pipeline_group=world.group if world.mode == "pipeline" else None,
+    )
     return target, tokenizer
 
 
@@ -377,6 +386,12 @@ def add_engine_args(parser):
         help="JSON object passed to the chat template, e.g. '{\"enable_thinking\": false}'",
     )
     parser.add_argument("--prefill-step-size", type=int, default=2048)
+    parser.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="under mlx.launch: split the target into ranges of layers, one per "
+        "rank (mlx_lm's pipeline), instead of tensor parallel",
+    )
     parser.add_argument(
         "--no-fallback",
         action="store_true",

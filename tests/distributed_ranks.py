@@ -7,7 +7,10 @@ of the emitted tokens builds on that shard (stock mlx_lm forward on the same
 sharded model). Writes OUT/{model dir name}.rank{r}.json; the test
 compares them with the single-process runs.
 
-    distributed_ranks.py DRAFT_DIR OUT MODEL_DIR [MODEL_DIR ...]
+    distributed_ranks.py [--pipeline] DRAFT_DIR OUT MODEL_DIR [MODEL_DIR ...]
+
+With --pipeline the target is split into layer ranges (mlx_lm's `pipeline`)
+instead of tensor parallel.
 """
 
 import json
@@ -94,12 +97,14 @@ def run(world, model_dir: str, draft_dir: str, out: str):
             tokens = [t for t, _ in steps]
             diff = cache_diff(cache, autoregressive_cache(model, tokens[:-1]))
             result[f"{name}/{mode}"] = {"tokens": tokens, "cache_diff": diff}
-    name = Path(model_dir).name
+    name = f"{Path(model_dir).name}.{world.mode}"
     Path(out, f"{name}.rank{world.rank}.json").write_text(json.dumps(result))
 
 
 if __name__ == "__main__":
-    draft_dir, out, *model_dirs = sys.argv[1:]
-    world = World.init()
+    args = sys.argv[1:]
+    pipeline = args[0] == "--pipeline"
+    draft_dir, out, *model_dirs = args[1:] if pipeline else args
+    world = World.init(pipeline=pipeline)
     for model_dir in model_dirs:
         run(world, model_dir, draft_dir, out)

@@ -60,7 +60,7 @@ def ranked(dirs):
     done = launch(*cmd)
     assert done.returncode == 0, done.stderr[-3000:]
     return {
-        f: [json.loads((dirs / f"{f}.rank{r}.json").read_text()) for r in (0, 1)]
+        f: [json.loads((dirs / f"{f}.tensor.rank{r}.json").read_text()) for r in (0, 1)]
         for f in FAMILIES
     }
 
@@ -260,3 +260,27 @@ def test_bench_under_the_launcher(dirs, tmp_path):
     for case in results["cases"]:
         for arm in case["arms"].values():
             assert arm["token_match"]["equal_pct"] == 100.0
+
+
+@pytest.mark.slow
+def test_pipeline_two_ranks_equal_one_process(dirs):
+    """--pipeline: qwen3_5's layers split in two ranges (mlx_lm's `pipeline`); the
+    drafter's captured layers 1 and 2 live on different ranks."""
+    script = Path(__file__).with_name("distributed_ranks.py")
+    done = launch(sys.executable, script, "--pipeline", dirs / "draft", dirs, dirs / "qwen3_5")
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranked = [
+        json.loads((dirs / f"qwen3_5.pipeline.rank{r}.json").read_text()) for r in (0, 1)
+    ]
+    ref = one_process(dirs, "qwen3_5")
+    # mlx_lm gives rank 0 the last layers: 2 (GatedDeltaNet) and 3 (attention).
+    assert [(r["kv_heads"], r["delta_heads"]) for r in ranked] == [([2], [4]), ([], [4, 4])]
+    for r in ranked:
+        assert r["world"] == {"world_size": 2, "backend": "ring", "mode": "pipeline"}
+        assert r["stock"] == ref["stock"]
+        for name in ("dflash", "lookup", "oracle"):
+            assert r[f"{name}/greedy"]["tokens"] == ref["stock"], name
+            assert r[f"{name}/greedy"]["cache_diff"] <= 1e-5, name
+        for name in ("dflash", "lookup"):
+            assert r[f"{name}/sampled"]["tokens"] == ref[f"{name}/sampled"], name
+            assert r[f"{name}/sampled"]["cache_diff"] <= 1e-5, name

@@ -192,7 +192,7 @@ def main(argv=None):
     from ..lockstep import Leader, follow
     from . import Engine, EngineConfig, create_app
 
-    world = World.init()
+    world = World.init(pipeline=args.pipeline)
     if not world.leader:
         with one_line_errors(parser):
             pair = load_pair(args.model, args.draft, **engine_options(args), world=world)
