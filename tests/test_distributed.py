@@ -29,17 +29,33 @@ LAUNCH = Path(sys.executable).parent / "mlx.launch"
 FAMILIES = ["llama", "qwen3_5"]
 
 
-def launch(*cmd, timeout=240, **kw):
-    """`mlx.launch -n 2 --backend ring -- CMD` with this checkout importable."""
+def launch(*cmd, timeout=240):
+    """`mlx.launch -n 2 --backend ring -- CMD` with this checkout importable; on
+    a timeout its ranks are killed too (killing the launcher alone orphans them)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run(
+    proc = subprocess.Popen(
         [str(LAUNCH), "-n", "2", "--backend", "ring", "--", *map(str, cmd)],
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
-        **kw,
     )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def kill_tree(proc):
+    for p in descendants(proc.pid):
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.kill()
+    proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -239,8 +255,7 @@ def test_serve_under_the_launcher(dirs, single_json):
         assert "rank 1" in proc.stderr.read().decode()
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+            kill_tree(proc)
 
 
 @pytest.mark.slow
