@@ -7,7 +7,9 @@ copy of the drafter. After each all-reduce the residual stream, and so every
 captured hidden state, is the same on every rank; a vocabulary-sharded head
 is gathered before any decision (`Target.logits`). So every rank drafts,
 verifies and accepts identically, and rolls back its own shard of the caches
-(its KV heads, its GatedDeltaNet heads) with the one-process code.
+(its KV heads, its GatedDeltaNet heads) with the one-process code. With
+`--pipeline` mlx_lm's `pipeline` gives each rank a range of layers instead,
+and `Target` gathers the captured layers from the ranks that hold them.
 
 What must be the same on every rank but is not computed from the model --
 a request's prompt ids, its parameters, a random seed, "stop now" -- rank 0
@@ -16,8 +18,11 @@ nothing travels but mx.distributed's own collectives. Only rank 0 prints or
 serves HTTP; the others follow it (`lockstep.py`).
 """
 
+import dataclasses
 import json
+import os
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -103,10 +108,6 @@ class World:
             got += np.array(self._sum(mx.array(rest))).astype(np.uint8).tobytes()
         return value if self.leader else json.loads(got)
 
-    def barrier(self):
-        if self.size > 1:
-            self._sum(mx.array([1], dtype=mx.int32))
-
     def _sum(self, x: mx.array) -> mx.array:
         y = mx.distributed.all_sum(x, group=self.group, stream=mx.cpu)
         mx.eval(y)
@@ -119,8 +120,6 @@ class World:
         print(f"[mlx-dflash] rank {self.rank}/{self.size}: {message}", file=sys.stderr)
         sys.stderr.flush()
         sys.stdout.flush()
-        import os
-
         os._exit(1)
 
 
@@ -151,9 +150,6 @@ def same_seed(world: World, sampling):
     would draw its own random key on each rank and the ranks would part."""
     if world.size == 1 or sampling.greedy or sampling.seed is not None:
         return sampling
-    import dataclasses
-    import os
-
     seed = world.share(int.from_bytes(os.urandom(4), "little") if world.leader else None)
     return dataclasses.replace(sampling, seed=seed)
 
@@ -161,8 +157,6 @@ def same_seed(world: World, sampling):
 def report(world: World) -> dict:
     """What `doctor` shows: the group, the backends this MLX build has, and
     under the launcher the median of 20 one-element all_sums (microseconds)."""
-    import time
-
     out = dict(world.info(), rank=world.rank)
     out["backends_available"] = [b for b in BACKENDS if mx.distributed.is_available(b)]
     out["all_sum_us"] = None
