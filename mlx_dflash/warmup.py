@@ -31,6 +31,7 @@ def warm_up(
     settings: Iterable[SamplingParams] = (SamplingParams(),),
     *,
     generate: bool = True,
+    steps=generate_step,
 ):
     """Warm `target` + `drafter` for each sampling setting in `settings`.
 
@@ -40,6 +41,8 @@ def warm_up(
         generate: also run one generation per setting (the server does);
           False warms only the sampling steps (`generate` does, lazily: the
           one generation it runs is the rest of the warm-up).
+        steps: what runs the generations: `generate_step`, or the server's
+          lockstep `Leader` when the target is split across ranks.
 
     The drafter ends in a started state; the next `prefill` starts it again.
     """
@@ -53,7 +56,7 @@ def warm_up(
         if not generate:
             continue
         # One full block, then each shorter one as max_tokens runs out.
-        steps = generate_step(
+        run = steps(
             target,
             prompt,
             drafter,
@@ -61,5 +64,5 @@ def warm_up(
             block_size=block_size,
             sampling=params,
         )
-        for _ in steps:
+        for _ in run:
             pass

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from ..distributed import SINGLE, shard
 from ..drafters import DFlashDrafter, PromptLookupDrafter
 from ..fallback import Fallback
 from ..load import (
@@ -45,6 +46,7 @@ def load(args):
     shape that fits the target (`--draft-layers`, default 5 for a shape, 1 for
     a loaded target)."""
     dtype = getattr(mx, args.dtype) if args.dtype else None
+    world = getattr(args, "world", SINGLE)  # run() sets it under mlx.launch
     if args.quantize and not args.shape:
         raise ValueError("--quantize needs --shape (a loaded --model keeps its own weights)")
     if args.shape:
@@ -57,6 +59,7 @@ def load(args):
             quantize=args.quantize,
             group_size=args.group_size,
         )
+        shard(model, world, "--shape")  # the same seeded weights on every rank
         target, tokenizer = Target(model, **_kernels(args)), None
         kind = "peaked random" if args.peaked else "random"
         bits = f"{args.quantize}-bit g{args.group_size}" if args.quantize else None
@@ -64,7 +67,9 @@ def load(args):
         build, shape, layers, draft_dtype = build_draft, args.shape, 5, dtype
     else:
         # `load_pair`'s target: the default one in fp32 on CPU, as `generate` runs it.
-        target, tokenizer = load_target(args.model, dtype=dtype, **_kernels(args))
+        target, tokenizer = load_target(
+            args.model, dtype=dtype, world=world, **_kernels(args)
+        )
         label = model_name(args.model)
         build, shape, layers = draft_for_target, target.model, 1
         draft_dtype = dtype or mx.float32

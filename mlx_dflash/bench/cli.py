@@ -4,6 +4,8 @@ Examples:
   mlx-dflash bench --draft lookup,engine --max-tokens 128          # default pair
   mlx-dflash bench --shape qwen3-8b --draft engine --tau 4,6.5,9   # random 8B shape
   mlx-dflash bench --draft path/to/draft --temp 0,0.7,1.0            # τ per temperature
+  mlx.launch -n 2 --backend ring -- mlx-dflash bench --shape tiny-qwen3.5 --draft lookup
+                                    # target split across ranks; rank 0 reports
 """
 
 import argparse
@@ -14,6 +16,7 @@ import time
 from pathlib import Path
 from typing import List
 
+from ..distributed import World
 from ..fallback import POLICY_HELP
 from ..load import one_line_errors
 from ..sampling import SamplingParams
@@ -227,6 +230,13 @@ def run(args, argv) -> dict:
     if args.block_size is not None and args.block_size < 2:
         raise ValueError(f"--block-size must be >= 2, got {args.block_size}")
     samplings = sampling_settings(args)
+    # Under mlx.launch: the target split across the ranks; rank 0 reports.
+    world = args.world = World.init()
+    if world.size > 1 and args.fallback:
+        raise ValueError(
+            "--fallback times cycles on each rank, whose choices could differ: "
+            "leave it out under mlx.launch"
+        )
     target, tokenizer, label, make_draft = load(args)
     vocab = target.embed_tokens.weight.shape[0]
     arms = make_arms(args, target, vocab, make_draft)
@@ -246,7 +256,10 @@ def run(args, argv) -> dict:
     per_case = (
         1 + len(arms) + (0 if args.no_profile else 1) + args.repeats * (len(arms) + 1)
     )
-    step, stop = _progress(per_case * len(cases))
+    if world.leader:
+        step, stop = _progress(per_case * len(cases))
+    else:
+        step, stop = (lambda msg: None), (lambda: None)
     results = []
     try:
         for case in cases:
@@ -264,7 +277,7 @@ def run(args, argv) -> dict:
             )
     finally:
         stop()
-    settings = {k: v for k, v in vars(args).items()}
+    settings = {k: v for k, v in vars(args).items() if k != "world"}
     sizes = sorted({a.block_size for a in arms})
     settings.update(
         target=label,
@@ -273,6 +286,7 @@ def run(args, argv) -> dict:
         draft_layers=args.draft_layers,
         greedy=all(sp.greedy for sp in samplings),
         eos="off (fixed lengths)",
+        distributed=world.info(),
         baseline="mlx_lm.generate.generate_step"
         + (
             ""
@@ -304,6 +318,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     with one_line_errors(parser):
         results = run(args, argv)
+    if not args.world.leader:
+        return
     stem = Path(args.out or f"bench/results/bench-{time.strftime('%Y%m%d-%H%M%S')}")
     command = "mlx-dflash bench " + " ".join(shlex.quote(a) for a in argv)
     paths = report.write(results, stem, command, png=not args.no_png)

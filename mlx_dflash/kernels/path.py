@@ -9,6 +9,11 @@ the wrappers once, on the instances they mirror; a `Fitting` puts them where
 the stock modules sit for the duration of `with fitting:` (one forward), and
 takes them off again, so that outside it the model is stock. With no backend
 and no fold, a fitting holds nothing and `with` costs two empty loops.
+
+Layers split across ranks by mlx_lm's `shard` (`mlx.nn.layers.distributed`
+linears, or a `sharding_group` whose all_sum the stock `__call__` runs) keep
+the stock path: the wrappers mirror one-process layers and would drop the
+collectives.
 """
 
 import math
@@ -17,6 +22,7 @@ from typing import Any, List, Optional
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.nn.layers import distributed
 from mlx_lm.models.qwen3_5 import GatedDeltaNet
 
 from ..wrapper import Wrapper
@@ -93,9 +99,13 @@ class BlockPath:
         f = Fitting(self.ops)
         ops, kernel = self.ops, self.attention
         own = self.fold_from != math.inf or self.attention
+        shards = set()  # ids of the modules in sharded layers: stock only
         for i, layer in enumerate(target.layers):
             inner = _inner(layer)
             if not isinstance(inner, dict):
+                continue
+            if sharded(inner):
+                shards |= {id(m) for _, m in inner.named_modules()}
                 continue
             if ops is not None:
                 la = inner.get("linear_attn", None)
@@ -122,10 +132,14 @@ class BlockPath:
             # Whole wrapped layers launch their products themselves: no
             # wrapper there (a verify would put on ~250 for nothing).
             inside = {id(m) for *_, w in f.layers for m in plain_linears(w.inner)}
-            f.add_linears(target.backbone, skip=inside)
+            f.add_linears(target.backbone, skip=inside | shards)
             head = target.lm.get("lm_head", None) or target.embed_tokens
             heads = (nn.Linear, nn.Embedding, *QUANTIZED)
-            if type(head) in heads and "bias" not in head:
+            if (
+                type(head) in heads
+                and "bias" not in head
+                and not sharded(target.lm, own_only=True)
+            ):
                 f.head = head
         return f
 
@@ -143,6 +157,25 @@ class BlockPath:
         if self.linear:
             f.add_linears(draft)
         return f
+
+
+SHARDED_LINEARS = (
+    distributed.AllToShardedLinear,
+    distributed.ShardedToAllLinear,
+    distributed.QuantizedAllToShardedLinear,
+    distributed.QuantizedShardedToAllLinear,
+)
+
+
+def sharded(module: nn.Module, own_only: bool = False) -> bool:
+    """Whether `module` (or, unless `own_only`, a module under it) was split
+    across ranks by mlx_lm's `shard`: a distributed linear, or a
+    `sharding_group` set for the collectives its own `__call__` runs."""
+    mods = [module] if own_only else [m for _, m in module.named_modules()]
+    return any(
+        isinstance(m, SHARDED_LINEARS) or getattr(m, "sharding_group", None) is not None
+        for m in mods
+    )
 
 
 def _inner(module):

@@ -245,6 +245,7 @@ def create_app(
                 "sampling_engine": engine.engine_name(1.0),
                 "max_context": engine.config.max_context,
                 "tool_format": tool_format(engine.tokenizer),
+                "distributed": engine.config.distributed,
             },
         }
         return {

@@ -1,6 +1,8 @@
 """`mlx-dflash serve`: an OpenAI- and Anthropic-compatible HTTP server.
 
-Also `python -m mlx_dflash.serve` (mlx_dflash/serve.py, a shim).
+Also `python -m mlx_dflash.serve` (mlx_dflash/serve.py, a shim). Under
+`mlx.launch` rank 0 serves and the other ranks follow its decoding
+(lockstep.py).
 """
 
 import argparse
@@ -11,6 +13,7 @@ from typing import List, Optional
 
 import uvicorn
 
+from ..distributed import SINGLE, World
 from ..drafters import DFlashDrafter
 from ..load import (
     add_engine_args,
@@ -144,7 +147,7 @@ class Server(uvicorn.Server):
         self.should_exit = True
 
 
-def make_provider(args):
+def make_provider(args, world: World = SINGLE):
     """Loads on the generation thread: MLX streams belong to their thread."""
 
     def provider():
@@ -153,7 +156,7 @@ def make_provider(args):
 
         log = logging.getLogger("mlx_dflash.server")
         options = engine_options(args)
-        pair = load_pair(args.model, args.draft, **options)
+        pair = load_pair(args.model, args.draft, **options, world=world)
         if isinstance(pair.drafter, DFlashDrafter):
             log.info(
                 "drafter dtype %s: %s", pair.draft_dtype.name, pair.draft_dtype.reason
@@ -170,7 +173,8 @@ def main(argv=None):
         argparse.ArgumentParser(
             prog="mlx-dflash serve",
             description="Serve a model with DFlash speculative decoding over the OpenAI "
-            "and Anthropic HTTP APIs.",
+            "and Anthropic HTTP APIs. Under mlx.launch the target is split across the "
+            "ranks and rank 0 serves (no prompt cache or fallback there).",
         )
     )
     args = parser.parse_args(argv)
@@ -189,8 +193,22 @@ def main(argv=None):
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
 
+    from ..decode import generate_step
     from ..fallback import Fallback
+    from ..load import load_pair
+    from ..lockstep import Leader, follow
     from . import Engine, EngineConfig, create_app
+
+    world = World.init(pipeline=args.pipeline)
+    if not world.leader:
+        with one_line_errors(parser):
+            pair = load_pair(args.model, args.draft, **engine_options(args), world=world)
+        follow(world, pair.target, pair.drafter)
+        return
+    if world.size > 1:
+        # The fallback's timing and the prompt cache's reuse are rank 0's
+        # alone; the followers could not make the same choices.
+        args.no_fallback, args.prompt_cache_bytes = True, 0
 
     config = EngineConfig(
         model_name=args.served_model_name or model_name(args.model),
@@ -207,9 +225,11 @@ def main(argv=None):
         request_timeout=args.request_timeout,
         stall_seconds=args.stall_timeout,
         warm_up=not args.no_warm_up,
+        distributed=world.info(),
     )
+    steps = Leader(world) if world.size > 1 else generate_step
     with one_line_errors(parser):
-        engine = Engine(make_provider(args), config).start()
+        engine = Engine(make_provider(args, world), config, steps=steps).start()
     logging.getLogger("mlx_dflash.server").info(
         "serving %s (drafter %s, block %d, default temperature %s) on http://%s:%d",
         config.model_name,
@@ -237,6 +257,10 @@ def main(argv=None):
         Server(config, engine).run()
     finally:
         engine.stop(timeout=5)
+        if world.size > 1:
+            if engine.alive:  # still generating, mid-collective: end every rank
+                world.fail("the generation thread did not stop")
+            steps.exit()
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import mlx.core as mx
 
+from ..decode import generate_step
 from ..device import backend, device_info
 from ..fallback import Fallback
 from ..memory import available_memory, check_memory, memory_model
@@ -63,6 +64,10 @@ class EngineConfig:
     # Run greedy and sampled generations before reporting ready, so that no
     # request pays for what backends build on first use (warmup.py).
     warm_up: bool = True
+    # The ranks the target is split across (distributed.World.info()).
+    distributed: dict = field(
+        default_factory=lambda: {"world_size": 1, "backend": None, "mode": "single"}
+    )
 
 
 # Context window of models whose config names none (max_position_embeddings).
@@ -77,9 +82,14 @@ class Engine:
     """Owns the model on one worker thread; see the module docstring."""
 
     def __init__(
-        self, provider: Provider, config: EngineConfig, metrics: Metrics = None
+        self,
+        provider: Provider,
+        config: EngineConfig,
+        metrics: Metrics = None,
+        steps=generate_step,
     ):
         self.config = config
+        self.steps = steps  # decode.generate_step, or lockstep.Leader across ranks
         self.metrics = metrics or Metrics()
         self._provider = provider
         self._queue: "queue.Queue[Optional[Job]]" = queue.Queue()
@@ -160,7 +170,11 @@ class Engine:
             self.device = (device_info(), backend())
             if self.config.warm_up:
                 warm_up(
-                    self.target, self.drafter, self.block_size, self.warm_settings()
+                    self.target,
+                    self.drafter,
+                    self.block_size,
+                    self.warm_settings(),
+                    steps=self.steps,  # across ranks, every rank warms in step
                 )
                 mx.clear_cache()
             self.alive = True

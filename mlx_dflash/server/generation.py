@@ -9,7 +9,7 @@ then the prompt cache keeps what the caches now hold.
 import dataclasses
 from typing import List, Optional
 
-from ..decode import Cancelled, generate_step, prefill
+from ..decode import Cancelled, prefill
 from ..stats import SpecStats
 from ..stream import TokenStream
 from .job import Event, Job, TokenLogprob, stopped
@@ -91,7 +91,7 @@ def generate(engine, job: Job):
                 sampling = dataclasses.replace(
                     sampling, seed=job.sampling.seed + len(out)
                 )
-            steps = generate_step(
+            steps = engine.steps(
                 target,
                 context,
                 engine.drafter,
