@@ -328,6 +328,72 @@ def test_close_ends_running_and_queued_jobs():
         s.close()
 
 
+def test_close_ends_the_running_job_at_once_not_after_its_forward():
+    """The last event does not wait for the generation thread: each forward
+    here takes 2 s, and the job's reader has its 503 well before the one under
+    way ends."""
+    import asyncio
+
+    from mlx_dflash.server.job import Job
+
+    engine = Engine(slow_provider(delay=2.0), EngineConfig()).start()
+    try:
+
+        async def run():
+            job = engine.submit(Job(prompt=[5, 6, 7], max_tokens=100))
+            ev = await job.next_event()  # the first token, from the prefill
+            assert ev.finish_reason is None
+            tic = time.perf_counter()
+            engine.close()
+            while ev.finish_reason is None:
+                ev = await job.next_event()
+            return ev, time.perf_counter() - tic
+
+        ev, took = asyncio.run(run())
+        assert (ev.finish_reason, ev.status) == ("error", 503), ev
+        assert took < 1.0, f"the last event came {took:.1f} s after close"
+    finally:
+        engine.stop()
+
+
+def test_sigterm_handler_closes_through_the_event_loop():
+    """A signal can land while `submit` holds the engine's lock, on the same
+    thread: the handler must not wait for the lock (it would wait forever).
+    Here another thread holds it for as long as the handler would wait."""
+    import asyncio
+
+    import uvicorn
+
+    from mlx_dflash.server.cli import Server
+
+    engine = Engine(slow_provider(delay=0.0), EngineConfig()).start()
+    try:
+
+        held, release = threading.Event(), threading.Event()
+
+        def hold():  # the lock taken, as by the interrupted submit
+            with engine._lock:
+                held.set()
+                release.wait(5)
+
+        async def run():
+            server = Server(uvicorn.Config(lambda *a: None), engine)
+            threading.Thread(target=hold).start()
+            held.wait(5)
+            tic = time.perf_counter()
+            server.handle_exit(signal.SIGTERM, None)
+            took = time.perf_counter() - tic
+            release.set()
+            await asyncio.sleep(0.05)
+            return took
+
+        took = asyncio.run(run())
+        assert took < 0.5, f"the handler waited {took:.1f} s for the lock"
+        assert engine.closing
+    finally:
+        engine.stop()
+
+
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
 def test_sigterm_during_a_stream_exits_cleanly(tmp_path, path):
     model_dir = tmp_path / "model"

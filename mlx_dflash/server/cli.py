@@ -6,6 +6,7 @@ Also `python -m mlx_dflash.serve` (mlx_dflash/serve.py, a shim). Under
 """
 
 import argparse
+import asyncio
 import logging
 import signal
 from pathlib import Path
@@ -141,7 +142,12 @@ class Server(uvicorn.Server):
         self.engine = engine
 
     def handle_exit(self, sig, frame):
-        self.engine.close()
+        # The handler runs on the event loop's thread between any two
+        # bytecodes, maybe inside `Engine.submit`'s lock: close on the loop.
+        try:
+            asyncio.get_running_loop().call_soon_threadsafe(self.engine.close)
+        except RuntimeError:  # no loop running (not serving yet)
+            self.engine.close()
         if self.should_exit and sig == signal.SIGINT:
             self.force_exit = True
         self.should_exit = True

@@ -125,7 +125,12 @@ class Engine:
     def close(self):
         """Refuse new jobs, end queued ones and cancel the running one.
 
-        Safe from a signal handler: it only sets flags and queues events.
+        Every open stream gets its last event now, from here: the running
+        job's reader need not wait for the generation thread to look up (a
+        prefill chunk of a large model can outlast uvicorn's grace period).
+        That thread's own last event for it comes after this one; nobody
+        reads it. From a signal handler, call it through the event loop
+        (server/cli.py): the handler may have interrupted `submit`.
         """
         with self._lock:
             if self.closing:
@@ -143,6 +148,7 @@ class Engine:
         job = self._current
         if job is not None:
             job.cancel("shutdown")
+            job.emit(stopped(job.reason, self.config.request_timeout))
 
     def stop(self, timeout: float = 10.0):
         self.close()

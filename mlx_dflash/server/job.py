@@ -75,7 +75,10 @@ class Job:
 
     def emit(self, event: Event):
         self.emit_times.append(time.monotonic())
-        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the event loop has closed (server exit): no reader
+            pass
 
     async def next_event(self) -> Event:
         ev = await self.events.get()
