@@ -140,9 +140,9 @@ def test_server_warms_before_it_reports_ready(monkeypatch, on):
     calls = []
     real = engine_mod.warm_up
 
-    def spy(target, drafter, block_size, settings):
+    def spy(target, drafter, block_size, settings, **kw):
         calls.append((block_size, [s.temperature for s in settings]))
-        real(target, drafter, block_size, settings)
+        real(target, drafter, block_size, settings, **kw)
 
     monkeypatch.setattr(engine_mod, "warm_up", spy)
     config = engine_mod.EngineConfig(default_temperature=0.5, warm_up=on)
