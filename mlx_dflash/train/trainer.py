@@ -49,6 +49,13 @@ class TrainArgs:
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
     grad_clip: float = field(default=1.0, metadata={"help": "global grad-norm clip"})
     max_len: int = field(default=1024, metadata={"help": "truncate sequences"})
+    batch_tokens: Optional[int] = field(
+        default=None,
+        metadata={
+            "help": "cap on sequences x padded length per batch: batches of long "
+            "sequences hold fewer (and similar lengths are batched together)"
+        },
+    )
     seed: int = field(default=0, metadata={"help": "rng seed"})
     save_every: int = field(
         default=500, metadata={"help": "checkpoint interval (steps)"}
@@ -159,6 +166,28 @@ def make_batch(
     )
 
 
+def shuffled(data: Dataset, args: TrainArgs, rng: np.random.Generator) -> np.ndarray:
+    """A random order of the sequences; with `batch_tokens`, sorted by length
+    within windows of 64 batches, so long sequences share their batches."""
+    order = rng.permutation(len(data))
+    if not args.batch_tokens:
+        return order
+    lens = np.minimum(np.diff(data.offsets)[order], args.max_len)
+    w = 64 * args.batch_size
+    return np.concatenate(
+        [order[i : i + w][np.argsort(lens[i : i + w], kind="stable")] for i in range(0, len(order), w)]
+    )
+
+
+def batch_rows(data: Dataset, idx: np.ndarray, args: TrainArgs) -> int:
+    """How many of `idx` (the next `batch_size` in order) the batch takes."""
+    if not args.batch_tokens:
+        return len(idx)
+    lens = -(-np.minimum(np.diff(data.offsets)[idx], args.max_len) // 64) * 64
+    fits = np.arange(1, len(idx) + 1) * np.maximum.accumulate(lens) <= args.batch_tokens
+    return max(1, int(fits.sum()) if fits.all() else int(np.argmin(fits)))
+
+
 def _save_state(out: Path, draft, opt, state: dict):
     """The drafter (z-lab format, usable mid-run) plus what resuming needs:
     fp32 weights, optimizer state, step, schedule, data order and rng."""
@@ -244,7 +273,7 @@ def train(
     opt = optim.AdamW(learning_rate=lr_at, weight_decay=args.weight_decay)
     opt.init(draft.trainable_parameters())
     rng = np.random.default_rng(args.seed)
-    order, pos = rng.permutation(len(data)), 0
+    order, pos = shuffled(data, args, rng), 0
     start, prior_seconds = 0, 0.0
     if resume and (out / "train_state" / "trainer_state.json").is_file():
         st = _load_state(out, draft, opt)
@@ -284,9 +313,10 @@ def train(
     def next_batch():
         nonlocal order, pos
         if pos + args.batch_size > len(order):
-            order, pos = rng.permutation(len(data)), 0
+            order, pos = shuffled(data, args, rng), 0
         idx = order[pos : pos + args.batch_size]
-        pos += args.batch_size
+        idx = idx[: batch_rows(data, idx, args)]
+        pos += len(idx)
         return make_batch(data, idx, args, rng)
 
     prog = Progress(total[0])
