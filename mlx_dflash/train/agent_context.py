@@ -11,7 +11,9 @@ holds up at a context length, not how well it remembers a file.
 """
 
 import ast
+import bisect
 import hashlib
+import itertools
 import json
 import random
 import sysconfig
@@ -143,6 +145,26 @@ def _read(rel: str) -> str:
     return (Path(sysconfig.get_paths()["stdlib"]) / rel).read_text(errors="replace")
 
 
+_LINE_TOKENS: dict = {}
+
+
+def _line_tokens(tokenizer, rel: str) -> List[int]:
+    """Cumulative token counts of a file's lines (each line + its newline),
+    once per file and tokenizer: an estimate, corrected at the end."""
+    key = (id(tokenizer), rel)
+    if key not in _LINE_TOKENS:
+        lines = [line + "\n" for line in _read(rel).split("\n")]
+        # One batched call of the fast tokenizer's backend where there is one.
+        backend = getattr(getattr(tokenizer, "_tokenizer", None), "backend_tokenizer", None)
+        if backend is not None:
+            enc = backend.encode_batch(lines, add_special_tokens=False)
+            sizes = [len(e.ids) for e in enc]
+        else:
+            sizes = [len(tokenizer.encode(line)) for line in lines]
+        _LINE_TOKENS[key] = [0] + list(itertools.accumulate(sizes))
+    return _LINE_TOKENS[key]
+
+
 def _names(source: str) -> List[str]:
     """Top-level functions and classes defined in (a possibly truncated) file."""
     lines = source.split("\n")
@@ -171,11 +193,15 @@ def _call(tools, path):
     return f'<tool_call>{json.dumps({"name": name, "arguments": {arg: path}})}</tool_call>'
 
 
-def transcript(tokenizer, n_tokens: int, seed: int, *, split: str = "train") -> list:
+def transcript(
+    tokenizer, n_tokens: int, seed: int, *, split: str = "train", exact: bool = True
+) -> list:
     """Chat messages of an agent session of about `n_tokens` prompt tokens.
 
     Earlier turns read whole stdlib files of `split` (the last one cut to fit);
-    the last user message asks about a function shown in the context.
+    the last user message asks about a function shown in the context. Lengths
+    are estimated from per-line token counts (an overestimate: BPE merges
+    across lines); `exact` then trims to at most `n_tokens` templated tokens.
     """
     from .prompts import encode_messages
 
@@ -192,20 +218,11 @@ def transcript(tokenizer, n_tokens: int, seed: int, *, split: str = "train") -> 
         ask = {"role": "user", "content": rng.choice(EARLIER_ASKS[split]).format(path=path)}
         call = {"role": "assistant", "content": _call(tools, path)}
         used += count(ask) + count(call)
-        text = _read(path)
         room = n_tokens - final_reserve - used - 60
-        lines = text.split("\n")
-        if len(tokenizer.encode(text)) + 5 > room:
-            # Keep the longest line prefix that fits (binary search on lines).
-            lo, hi = 0, len(lines)
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if len(tokenizer.encode("\n".join(lines[:mid]))) + 5 <= room:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            lines = lines[:lo]
-        text = "\n".join(lines)
+        lines, cum = _read(path).split("\n"), _line_tokens(tokenizer, path)
+        # The longest line prefix that fits.
+        keep = bisect.bisect_right(cum, room - 5) - 1
+        text = "\n".join(lines[:keep])
         names = _names(text)
         result = {"role": "tool", "content": text}
         note_names = ", ".join(f"`{n}`" for n in names[:6]) or "only module-level code"
@@ -214,7 +231,7 @@ def transcript(tokenizer, n_tokens: int, seed: int, *, split: str = "train") -> 
             "content": rng.choice(NOTES[split]).format(path=path, names=note_names),
         }
         msgs += [ask, call, result, note]
-        used += count(result) + count(note)
+        used += cum[keep] + 5 + count(note)
         if names:
             shown.append((path, names))
     if shown:
@@ -225,7 +242,7 @@ def transcript(tokenizer, n_tokens: int, seed: int, *, split: str = "train") -> 
     msgs.append({"role": "user", "content": final})
     # Trim the longest tool result if the estimate overshot.
     tools_at = [i for i, m in enumerate(msgs) if m["role"] == "tool"]
-    while tools_at and len(encode_messages(tokenizer, msgs)) > n_tokens:
+    while exact and tools_at and len(encode_messages(tokenizer, msgs)) > n_tokens:
         i = max(tools_at, key=lambda i: len(msgs[i]["content"]))
         lines = msgs[i]["content"].split("\n")
         msgs[i] = {"role": "tool", "content": "\n".join(lines[: int(len(lines) * 0.9)])}

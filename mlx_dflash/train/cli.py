@@ -101,7 +101,7 @@ def build_parser(parser=None):
     )
     p.add_argument(
         "--long-tokens",
-        default="1024,7680",
+        default="1024,7552",
         metavar="MIN,MAX",
         help="natural set: transcript prompt lengths (drawn uniformly)",
     )
@@ -398,9 +398,6 @@ def main(argv=None):
     t0 = time.perf_counter()
     target, tokenizer = load_target(a.model, a.dtype)
     vocab = target.embed_tokens.weight.shape[0]
-    train_prompts = training_prompts(tokenizer, a, targs.seed)
-    if a.num_prompts:
-        train_prompts = train_prompts[: a.num_prompts]
     report = {
         "command": "mlx-dflash train "
         + " ".join(sys.argv[1:] if argv is None else argv)
@@ -419,6 +416,9 @@ def main(argv=None):
             )
         data = reused
         if not a.data or a.extend:
+            train_prompts = training_prompts(tokenizer, a, targs.seed)
+            if a.num_prompts:
+                train_prompts = train_prompts[: a.num_prompts]
             data, seconds = _answer_missing(target, tokenizer, train_prompts, reused, a)
             report["generate_seconds"] = seconds
         data.save(data_path)

@@ -145,6 +145,8 @@ def evaluate(target, draft, tokenizer, a) -> dict:
         plan.append((("old", "greedy"), held[: a.eval_prompts], 0.0))
     result: Dict[str, dict] = {"block_size": DEFAULT_BLOCK_SIZE, "max_tokens": a.eval_max_tokens, "skipped": []}
     for (suite, mode), prompts, temp in plan:
+        if not prompts:
+            continue
         el = time.perf_counter() - t0
         if a.eval_time_budget is not None and el > a.eval_time_budget:
             result["skipped"].append(f"{suite}/{mode}")

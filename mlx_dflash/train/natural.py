@@ -384,12 +384,15 @@ def natural_prompts(n: int, *, seed: int = 0, mix: Dict[str, float] = DEFAULT_MI
     return out
 
 
-def long_prompts(tokenizer, n: int, *, seed: int = 0, lengths=(1024, 7936)) -> List[Prompt]:
-    """`n` agent transcripts (training share) of lengths drawn in `lengths`."""
+def long_prompts(tokenizer, n: int, *, seed: int = 0, lengths=(1024, 7552)) -> List[Prompt]:
+    """`n` agent transcripts (training share) of about `lengths` tokens, drawn
+    uniformly (estimated lengths, which overestimate: keep MAX + the response
+    within the target's context)."""
     rng = random.Random(seed)
     out = []
     for i in range(n):
-        msgs = transcript(tokenizer, rng.randint(*lengths), seed * 100_003 + i, split="train")
+        n_tok = rng.randint(*lengths)
+        msgs = transcript(tokenizer, n_tok, seed * 100_003 + i, split="train", exact=False)
         out.append(Prompt(msgs[-1]["content"], "long", msgs))
     return out
 
