@@ -3,7 +3,6 @@ generation, chunked prefill and the eval suites (tiny random models, CPU)."""
 
 import json
 from collections import Counter
-from types import SimpleNamespace
 
 import mlx.core as mx
 import numpy as np

@@ -15,6 +15,8 @@ import json
 import sys
 import time
 from pathlib import Path
+
+import mlx.core as mx
 from typing import Dict, List, Optional, Sequence
 
 from ..draft import DEFAULT_BLOCK_SIZE
@@ -22,6 +24,41 @@ from ..stats import SpecStats
 from .prompts import Prompt, encode_messages
 
 HELD_OUT_NATURAL = Path(__file__).with_name("held_out_natural.json")
+
+
+def add_eval_args(p):
+    """The suites' flags (`--eval-only`)."""
+    p.add_argument(
+        "--eval-sets",
+        default="old",
+        help="--eval-only suites, comma-separated: natural (held_out_natural.json, "
+        "by category), long (agent transcripts at --eval-contexts), old "
+        "(held_out.json's first --eval-prompts)",
+    )
+    p.add_argument(
+        "--eval-natural", type=int, default=None, help="natural prompts per category (default: all)"
+    )
+    p.add_argument(
+        "--eval-contexts", default="1024,4096,7936", help="long: prompt lengths in tokens"
+    )
+    p.add_argument("--eval-context-prompts", type=int, default=3, help="long: transcripts per length")
+    p.add_argument(
+        "--eval-temperatures", default="", help="sampled runs too, e.g. 0.7,1.0 (seeded)"
+    )
+    p.add_argument(
+        "--eval-sampled-natural", type=int, default=4, help="sampled: natural prompts per category"
+    )
+    p.add_argument(
+        "--eval-sampled-context", type=int, default=1, help="sampled: transcripts per length"
+    )
+    p.add_argument("--eval-seed", type=int, default=0, help="transcripts and sampling seed")
+    p.add_argument(
+        "--eval-time-budget",
+        type=float,
+        default=None,
+        help="seconds: suites not started by then are skipped (listed)",
+    )
+    p.add_argument("--eval-json", default=None, help="also write the result to this file")
 
 
 def natural_held_out(per_category: Optional[int] = None) -> List[Prompt]:
@@ -157,4 +194,62 @@ def evaluate(target, draft, tokenizer, a) -> dict:
         result.setdefault(suite, {})[mode] = r
         print(f"eval {suite}/{mode}: tau {r['tau']} over {r['prompts']} prompts ({r['seconds']}s)", flush=True, file=sys.stderr)
     result["seconds"] = round(time.perf_counter() - t0, 1)
+    return result
+
+
+def held_out_tau(target, tokenizer, draft, a) -> dict:
+    """Held-out tau of `draft` at block 16, greedy, checked against mlx_lm."""
+    from .data import build_prompts, encode
+    from .trainer import evaluate_tau
+
+    _, held_out = build_prompts(seed=a.seed)
+    prompts = [encode(tokenizer, p.text) for p in held_out[: a.eval_prompts]]
+    stats, taus, same = evaluate_tau(
+        target,
+        draft,
+        prompts,
+        max_tokens=a.eval_max_tokens,
+        block_size=DEFAULT_BLOCK_SIZE,
+        stop_tokens=sorted(tokenizer.eos_token_ids),
+    )
+    tau = "n/a" if stats.tau is None else f"{stats.tau:.2f}"
+    print(
+        f"held-out tau {tau} over {len(prompts)} prompts, "
+        f"identical to greedy: {same}",
+        file=sys.stderr,
+    )
+    return {
+        "prompts": len(prompts),
+        "max_tokens": a.eval_max_tokens,
+        "tau": None if stats.tau is None else round(stats.tau, 3),
+        "identical_to_greedy": same,
+        "per_prompt_tau": [None if t is None else round(t, 2) for t in taus],
+        "stats": stats.as_dict(),
+    }
+
+
+def eval_only(a):
+    """The drafter in --out (default: the shipped one) as `generate` runs it."""
+    from ..load import DEFAULT_DRAFT, load_pair
+
+    path = Path(a.out or DEFAULT_DRAFT)
+    dtype = getattr(mx, a.dtype) if a.dtype else None
+    pair = load_pair(a.model, str(path), dtype=dtype)
+    sets = set(a.eval_sets.split(","))
+    if not sets <= {"natural", "long", "old"}:
+        raise SystemExit(f"error: --eval-sets {a.eval_sets}: use natural, long, old")
+    a.eval_sets = sets
+    if sets == {"old"}:  # the recorded figures' format
+        result = {"draft": str(path), **held_out_tau(pair.target, pair.tokenizer, pair.drafter.draft, a)}
+    else:
+        from .evaluate import evaluate
+
+        try:
+            ev = evaluate(pair.target, pair.drafter.draft, pair.tokenizer, a)
+        except ValueError as e:
+            raise SystemExit(f"error: {e}")
+        result = {"draft": str(path), **ev}
+    print(json.dumps(result))
+    if a.eval_json:
+        Path(a.eval_json).write_text(json.dumps(result, indent=1))
     return result
