@@ -173,7 +173,7 @@ def greedy_batch(
     time_budget: Optional[float] = None,
     pad_multiple: int = 32,
     min_rows: int = 8,
-    prefill_chunk: int = 1024,
+    prefill_chunk: int = 512,
     temperature: float = 0.0,
     key: Optional[mx.array] = None,
 ) -> List[List[int]]:

@@ -168,15 +168,18 @@ def make_batch(
 
 def shuffled(data: Dataset, args: TrainArgs, rng: np.random.Generator) -> np.ndarray:
     """A random order of the sequences; with `batch_tokens`, sorted by length
-    within windows of 64 batches, so long sequences share their batches."""
+    within windows of 64 batches, so long sequences share their batches, and
+    those batch-sized groups shuffled (the time budget measures a mix)."""
     order = rng.permutation(len(data))
     if not args.batch_tokens:
         return order
     lens = np.minimum(np.diff(data.offsets)[order], args.max_len)
-    w = 64 * args.batch_size
-    return np.concatenate(
-        [order[i : i + w][np.argsort(lens[i : i + w], kind="stable")] for i in range(0, len(order), w)]
-    )
+    bs, groups = args.batch_size, []
+    for i in range(0, len(order), 64 * bs):
+        win = order[i : i + 64 * bs][np.argsort(lens[i : i + 64 * bs], kind="stable")]
+        part = [win[j : j + bs] for j in range(0, len(win), bs)]
+        groups += [part[k] for k in rng.permutation(len(part))]
+    return np.concatenate(groups)
 
 
 def batch_rows(data: Dataset, idx: np.ndarray, args: TrainArgs) -> int:
@@ -185,7 +188,7 @@ def batch_rows(data: Dataset, idx: np.ndarray, args: TrainArgs) -> int:
         return len(idx)
     lens = -(-np.minimum(np.diff(data.offsets)[idx], args.max_len) // 64) * 64
     fits = np.arange(1, len(idx) + 1) * np.maximum.accumulate(lens) <= args.batch_tokens
-    return max(1, int(fits.sum()) if fits.all() else int(np.argmin(fits)))
+    return max(1, int(fits.sum()))  # a prefix: the product only grows
 
 
 def _save_state(out: Path, draft, opt, state: dict):
