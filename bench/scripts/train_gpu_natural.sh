@@ -38,9 +38,9 @@ mkdir -p "$run" "$out"
 INIT=${INIT:-mlx_dflash/default_draft}
 DTYPE=${DTYPE:-float16}
 GEN_SECONDS=${GEN_SECONDS:-250}     # generation cap; a cut drops whole batches at random
-TRAIN_SECONDS=${TRAIN_SECONDS:-470} # training in all, both calls: sizes the LR schedule
+TRAIN_SECONDS=${TRAIN_SECONDS:-420} # training in all, both calls: sizes the LR schedule
 CALL_SECONDS=${CALL_SECONDS:-525}   # each call ends by then
-EVAL_SECONDS=${EVAL_SECONDS:-190}   # call 2: kept for the eval (its suites start within it)
+EVAL_SECONDS=${EVAL_SECONDS:-210}   # call 2: kept for the eval (its suites start within it)
 PACK_SECONDS=${PACK_SECONDS:-15}
 PYTHON=${PYTHON:-python3}
 BLAS=${BLAS:-default}
@@ -55,7 +55,7 @@ train() {
   n=$(find "$out" -name "train*.log" | wc -l)
   $PYTHON -m mlx_dflash.cli --blas "$BLAS" train "${common[@]}" \
     --out "$run/draft" --data "$run/gen/data.npz" --init "$INIT" "${resume[@]}" \
-    --batch-size "${BATCH:-16}" --anchors "${ANCHORS:-192}" --batch-tokens "${BATCH_TOKENS:-32768}" \
+    --batch-size "${BATCH:-16}" --anchors "${ANCHORS:-192}" --batch-tokens "${BATCH_TOKENS:-24576}" \
     --max-len "${MAX_LEN:-8192}" --lr "${LR:-3e-4}" --warmup "${WARMUP:-100}" \
     --steps "${STEPS:-100000}" --time-budget "$TRAIN_SECONDS" --save-every "${SAVE_EVERY:-200}" \
     --report-every "${REPORT_EVERY:-50}" --eval-prompts 0 --stop-seconds "$1" 2>&1 | tee "$out/train$n.log"
@@ -79,7 +79,7 @@ case $call in
   $PYTHON -m mlx_dflash.cli --blas "$BLAS" train --eval-only --model "$gguf" --out "$run/draft" \
     ${EVAL_DTYPE:+--dtype "$EVAL_DTYPE"} --eval-sets natural,long,old --eval-temperatures 0.7,1.0 \
     --eval-time-budget "$((budget > 30 ? budget - 30 : 1))" --eval-json "$out/eval.json" \
-    ${EVAL_ARGS:---eval-context-prompts 3 --eval-sampled-natural 4 --eval-sampled-context 1 --eval-prompts 24 --eval-max-tokens 128} \
+    ${EVAL_ARGS:---eval-context-prompts 3 --eval-sampled-natural 3 --eval-sampled-context 1 --eval-prompts 24 --eval-max-tokens 128} \
     > /dev/null 2> "$out/eval.log" || tail -n 5 "$out/eval.log"
   tail -n 12 "$out/eval.log"
   cp "$run/draft/config.json" "$out/"

@@ -170,11 +170,11 @@ def evaluate(target, draft, tokenizer, a) -> dict:
     if "long" in a.eval_sets:
         longs = long_context_prompts(tokenizer, lengths, a.eval_context_prompts, a.eval_seed)
         plan += [((f"long_{n}", "greedy"), ps, 0.0) for n, ps in longs.items()]
-    if "natural" in a.eval_sets:
-        few = natural_held_out(a.eval_sampled_natural)
-        plan += [(("natural", f"T{t}"), few, t) for t in temps]
-    if "long" in a.eval_sets:
-        plan += [((f"long_{n}", f"T{t}"), ps[: a.eval_sampled_context], t) for n, ps in longs.items() for t in temps]
+    for t in sorted(temps, reverse=True):  # agents sample at 1.0: that one first
+        if "natural" in a.eval_sets:
+            plan.append((("natural", f"T{t}"), natural_held_out(a.eval_sampled_natural), t))
+        if "long" in a.eval_sets:
+            plan += [((f"long_{n}", f"T{t}"), ps[: a.eval_sampled_context], t) for n, ps in longs.items()]
     if "old" in a.eval_sets:
         from .prompts import build_prompts
 
