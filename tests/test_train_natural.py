@@ -121,3 +121,28 @@ def test_eval_suites_report_tau_per_category_and_stay_lossless():
     assert 1 <= g["tau"] <= 16 and g["per_category"]["chat"]["prompts"] == 1
     s = run_suite(target, draft, tok, prompts, max_tokens=10, temperature=1.0, seed=2)
     assert "identical_to_greedy" not in s and s["cycles"] > 0
+
+
+def test_evaluate_runs_every_suite_in_order_and_skips_past_its_budget():
+    from types import SimpleNamespace
+
+    from mlx_dflash.train.evaluate import evaluate
+
+    tok = make_tokenizer(words=[chr(c) for c in range(97, 123)])
+    target = Target(chat_model("llama", len(tok._tokenizer.get_vocab())))
+    draft = init_draft(target, num_layers=1, mask_token_id=3, block_size=16, seed=1)
+    a = SimpleNamespace(
+        eval_sets={"natural", "long", "old"}, eval_natural=1, eval_contexts="1500",
+        eval_context_prompts=1, eval_temperatures="0.7,1.0", eval_sampled_natural=1,
+        eval_sampled_context=1, eval_seed=0, eval_prompts=1, eval_max_tokens=4,
+        eval_time_budget=None, seed=0,
+    )
+    r = evaluate(target, draft, tok, a)
+    assert set(r["natural"]) == {"greedy", "T1.0", "T0.7"} and r["skipped"] == []
+    assert set(r["natural"]["greedy"]["per_category"]) == set(DEFAULT_MIX)
+    assert r["natural"]["greedy"]["identical_to_greedy"]
+    assert r["long_1500"]["greedy"]["identical_to_greedy"] and "T1.0" in r["long_1500"]
+    assert r["old"]["greedy"]["prompts"] == 1
+    a.eval_time_budget, a.eval_sets = 0.0, {"natural", "old"}
+    r = evaluate(target, draft, tok, a)  # the first suite always runs
+    assert "greedy" in r["natural"] and r["skipped"] == ["natural/T1.0", "natural/T0.7", "old/greedy"]

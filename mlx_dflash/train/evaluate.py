@@ -151,7 +151,8 @@ def run_suite(target, draft, tokenizer, prompts: Sequence[Prompt], *, max_tokens
 
 def evaluate(target, draft, tokenizer, a) -> dict:
     """The suites of `--eval-sets` in priority order, within `--eval-time-budget`
-    (a suite not started in time is listed as skipped, never cut short)."""
+    (the first always runs; a later one not started in time is listed as
+    skipped, never cut short)."""
     t0 = time.perf_counter()
     temps = [float(t) for t in a.eval_temperatures.split(",") if t]
     ctx_max = getattr(target.lm.args, "max_position_embeddings", None)
@@ -181,17 +182,19 @@ def evaluate(target, draft, tokenizer, a) -> dict:
         _, held = build_prompts(seed=a.seed)
         plan.append((("old", "greedy"), held[: a.eval_prompts], 0.0))
     result: Dict[str, dict] = {"block_size": DEFAULT_BLOCK_SIZE, "max_tokens": a.eval_max_tokens, "skipped": []}
+    ran = 0  # the first suite always runs
     for (suite, mode), prompts, temp in plan:
         if not prompts:
             continue
         el = time.perf_counter() - t0
-        if a.eval_time_budget is not None and el > a.eval_time_budget:
+        if a.eval_time_budget is not None and el > a.eval_time_budget and ran:
             result["skipped"].append(f"{suite}/{mode}")
             continue
         ts = time.perf_counter()
         r = run_suite(target, draft, tokenizer, prompts, max_tokens=a.eval_max_tokens, temperature=temp, seed=a.eval_seed)
         r["seconds"] = round(time.perf_counter() - ts, 1)
         result.setdefault(suite, {})[mode] = r
+        ran += 1
         print(f"eval {suite}/{mode}: tau {r['tau']} over {r['prompts']} prompts ({r['seconds']}s)", flush=True, file=sys.stderr)
     result["seconds"] = round(time.perf_counter() - t0, 1)
     return result
