@@ -1,14 +1,16 @@
 """`mlx-dflash train`: distil a DFlash drafter for an mlx_lm model.
 
     mlx-dflash train --model M --out DIR [--data data.npz] [--steps N] ...
-    mlx-dflash train --eval-only [--model M] [--out DIR]
+    mlx-dflash train --eval-only [--model M] [--out DIR] [--eval-sets natural,long,old]
 
 Stages: build the offline prompt set -> the target answers it (batched greedy,
-cached as DIR/data.npz) -> train -> held-out tau at block 16 (greedy, output
-checked against mlx_lm's own greedy decoding) -> DIR holds a z-lab format
-checkpoint (config.json + model.safetensors, bf16) plus report.json.
-`--eval-only` runs the last stage alone on DIR (default: the shipped drafter
-against the default target) and prints the result as one JSON line.
+a share sampled with --sampled-share; cached as DIR/data.npz) -> train ->
+held-out tau at block 16 (greedy, output checked against mlx_lm's own greedy
+decoding) -> DIR holds a z-lab format checkpoint (config.json +
+model.safetensors, bf16) plus report.json. `--eval-only` runs the eval suites
+(evaluate.py: natural held-out prompts by category, long agent contexts, the
+old list; greedy and sampled) on DIR (default: the shipped drafter against the
+default target) and prints the result as one JSON line.
 """
 
 import argparse
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from ..draft import DEFAULT_BLOCK_SIZE
+from .evaluate import add_eval_args, eval_only, held_out_tau
 from .trainer import TrainArgs
 
 # SmolLM2's `<empty_output>` (id 16): a Jupyter-notebook control token that the
@@ -81,10 +83,40 @@ def build_parser(parser=None):
     p.add_argument(
         "--prompt-set",
         default="wide",
-        choices=["core", "wide"],
+        choices=["core", "wide", "natural"],
         help="core: module-level stdlib callables x 8 code templates + 100 topics "
         "x 12 general templates (13.4k prompts); wide: adds class methods, more "
-        "modules, templates and topics (49.8k, contains core)",
+        "modules, templates and topics (49.8k, contains core); natural: "
+        "--natural-prompts natural requests + the first --wide-prompts of wide + "
+        "--long-prompts agent transcripts (natural.py)",
+    )
+    p.add_argument(
+        "--natural-prompts", type=int, default=20000, help="natural set: requests like people's"
+    )
+    p.add_argument(
+        "--wide-prompts", type=int, default=6000, help="natural set: 'wide' prompts kept in the mix"
+    )
+    p.add_argument(
+        "--long-prompts", type=int, default=1000, help="natural set: long agent transcripts"
+    )
+    p.add_argument(
+        "--long-tokens",
+        default="1024,7552",
+        metavar="MIN,MAX",
+        help="natural set: transcript prompt lengths (drawn uniformly)",
+    )
+    p.add_argument(
+        "--sampled-share",
+        type=float,
+        default=0.0,
+        help="share of the prompts (seeded) answered by sampling at --sample-temperature",
+    )
+    p.add_argument("--sample-temperature", type=float, default=1.0)
+    p.add_argument(
+        "--gen-batch-tokens",
+        type=int,
+        default=None,
+        help="cap on rows x (prompt + new tokens) per generation batch (long prompts)",
     )
     p.add_argument(
         "--num-prompts",
@@ -124,6 +156,7 @@ def build_parser(parser=None):
         "--eval-prompts", type=int, default=16, help="held-out prompts for tau"
     )
     p.add_argument("--eval-max-tokens", type=int, default=128)
+    add_eval_args(p)
     p.add_argument(
         "--save-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"]
     )
@@ -165,62 +198,26 @@ def mask_token_for(tokenizer, vocab: int, override=None) -> int:
     )
 
 
-def held_out_tau(target, tokenizer, draft, a) -> dict:
-    """Held-out tau of `draft` at block 16, greedy, checked against mlx_lm."""
-    from .data import build_prompts, encode
-    from .trainer import evaluate_tau
-
-    _, held_out = build_prompts(seed=a.seed)
-    prompts = [encode(tokenizer, p.text) for p in held_out[: a.eval_prompts]]
-    stats, taus, same = evaluate_tau(
-        target,
-        draft,
-        prompts,
-        max_tokens=a.eval_max_tokens,
-        block_size=DEFAULT_BLOCK_SIZE,
-        stop_tokens=sorted(tokenizer.eos_token_ids),
-    )
-    tau = "n/a" if stats.tau is None else f"{stats.tau:.2f}"
-    print(
-        f"held-out tau {tau} over {len(prompts)} prompts, "
-        f"identical to greedy: {same}",
-        file=sys.stderr,
-    )
-    return {
-        "prompts": len(prompts),
-        "max_tokens": a.eval_max_tokens,
-        "tau": None if stats.tau is None else round(stats.tau, 3),
-        "identical_to_greedy": same,
-        "per_prompt_tau": [None if t is None else round(t, 2) for t in taus],
-        "stats": stats.as_dict(),
-    }
-
-
-def eval_only(a):
-    """The drafter in --out (default: the shipped one) as `generate` runs it."""
-    from ..load import DEFAULT_DRAFT, load_pair
-
-    path = Path(a.out or DEFAULT_DRAFT)
-    dtype = getattr(mx, a.dtype) if a.dtype else None
-    pair = load_pair(a.model, str(path), dtype=dtype)
-    tau = held_out_tau(pair.target, pair.tokenizer, pair.drafter.draft, a)
-    result = {"draft": str(path), **tau}
-    print(json.dumps(result))
-    return result
-
-
 def _answer_missing(target, tokenizer, prompts, reused, a):
     """`reused` plus the target's answers to the `prompts` it lacks (or this
     process's `--gen-shard` share of them), and the seconds that took."""
-    from .data import Dataset, encode, generate_responses
+    import random
+
+    from .data import Dataset, generate_responses
+    from .prompts import encode_prompt
 
     have = reused.prompt_set()
     ids = [
-        t for t in (encode(tokenizer, p.text) for p in prompts) if tuple(t) not in have
+        t for t in (encode_prompt(tokenizer, p) for p in prompts) if tuple(t) not in have
     ]
     if a.gen_shard:
         k, n = a.gen_shard
         ids = ids[k::n]
+    # A seeded share answered by sampling (the rest greedy), each in its own batches.
+    rng = random.Random(a.seed + 7)
+    pick = [rng.random() < a.sampled_share for _ in ids]
+    groups = [([t for t, s in zip(ids, pick) if not s], 0.0)]
+    groups += [([t for t, s in zip(ids, pick) if s], a.sample_temperature)]
 
     def progress(done, n, tok, el):
         print(
@@ -230,18 +227,44 @@ def _answer_missing(target, tokenizer, prompts, reused, a):
             flush=True,
         )
 
-    tg = time.perf_counter()
-    new = generate_responses(
-        target,
-        ids,
-        stop_tokens=sorted(tokenizer.eos_token_ids),
-        max_tokens=a.max_new_tokens,
-        batch_size=a.gen_batch,
-        time_budget=a.gen_time_budget,
-        seed=a.seed,
-        progress=progress,
+    tg, parts = time.perf_counter(), [reused]
+    for group, temp in groups:
+        if not group:
+            continue
+        # The time budget is split by the groups' shares of the prompts.
+        budget = a.gen_time_budget and a.gen_time_budget * len(group) / len(ids)
+        parts.append(
+            generate_responses(
+                target,
+                group,
+                stop_tokens=sorted(tokenizer.eos_token_ids),
+                max_tokens=a.max_new_tokens,
+                batch_size=a.gen_batch,
+                time_budget=budget,
+                seed=a.seed,
+                max_batch_tokens=a.gen_batch_tokens,
+                temperature=temp,
+                progress=progress,
+            )
+        )
+    return Dataset.join(parts), round(time.perf_counter() - tg, 1)
+
+
+def training_prompts(tokenizer, a, seed):
+    """The prompt set of `--prompt-set` (natural: the explicit mix of its flags)."""
+    from .data import build_prompts
+
+    if a.prompt_set != "natural":
+        return build_prompts(seed=seed, wide=a.prompt_set == "wide")[0]
+    from .natural import long_prompts, natural_prompts
+
+    lo, hi = (int(x) for x in a.long_tokens.split(","))
+    wide = build_prompts(seed=seed, wide=True)[0][: a.wide_prompts]
+    return (
+        natural_prompts(a.natural_prompts, seed=seed)
+        + wide
+        + long_prompts(tokenizer, a.long_prompts, seed=seed, lengths=(lo, hi))
     )
-    return Dataset.join([reused, new]), round(time.perf_counter() - tg, 1)
 
 
 def _check_inputs(a):
@@ -261,11 +284,19 @@ def _check_inputs(a):
             raise SystemExit(f"error: --data {f}: no such file")
     if a.init and not (Path(a.init) / "config.json").is_file():
         raise SystemExit(f"error: --init {a.init}: no config.json there")
+    try:
+        lo, hi = (int(x) for x in a.long_tokens.split(","))
+    except ValueError:
+        lo, hi = 0, -1
+    if not 0 < lo <= hi:
+        raise SystemExit(f"error: --long-tokens {a.long_tokens}: need MIN,MAX with 0 < MIN <= MAX")
+    if not 0 <= a.sampled_share <= 1:
+        raise SystemExit(f"error: --sampled-share {a.sampled_share}: need 0 <= F <= 1")
 
 
 def main(argv=None):
-    from .data import Dataset, build_prompts
     from .checkpoint import train_finished
+    from .data import Dataset
     from .trainer import init_draft, train
 
     a = build_parser().parse_args(argv)
@@ -280,9 +311,6 @@ def main(argv=None):
     t0 = time.perf_counter()
     target, tokenizer = load_target(a.model, a.dtype)
     vocab = target.embed_tokens.weight.shape[0]
-    train_prompts, _ = build_prompts(seed=targs.seed, wide=a.prompt_set == "wide")
-    if a.num_prompts:
-        train_prompts = train_prompts[: a.num_prompts]
     report = {
         "command": "mlx-dflash train "
         + " ".join(sys.argv[1:] if argv is None else argv)
@@ -301,6 +329,9 @@ def main(argv=None):
             )
         data = reused
         if not a.data or a.extend:
+            train_prompts = training_prompts(tokenizer, a, targs.seed)
+            if a.num_prompts:
+                train_prompts = train_prompts[: a.num_prompts]
             data, seconds = _answer_missing(target, tokenizer, train_prompts, reused, a)
             report["generate_seconds"] = seconds
         data.save(data_path)

@@ -96,9 +96,12 @@ def generate_responses(
     time_budget: Optional[float] = None,
     min_response: int = 8,
     seed: int = 0,
+    max_batch_tokens: Optional[int] = None,
+    temperature: float = 0.0,
     progress: Optional[Callable[[int, int, int, float], None]] = None,
 ) -> Dataset:
-    """Greedy, batched self-distillation: the target answers every prompt.
+    """Batched self-distillation: the target answers every prompt (greedy, or
+    sampled at `temperature` with a seeded key).
 
     Prompts are sorted by length into batches of `batch_size` (little padding)
     and the batches run in a seeded random order, so a `time_budget` cut drops
@@ -109,20 +112,38 @@ def generate_responses(
 
     Args:
         target: a `Target`. Attention-only models decode in fixed shapes
-          (`greedy_batch`); others fall back to mlx_lm's `BatchGenerator`.
+          (`greedy_batch`); others fall back to mlx_lm's `BatchGenerator`
+          (greedy only).
+        max_batch_tokens: at most this many KV rows x columns per batch
+          (prompt + `max_tokens`): batches of long prompts hold fewer rows.
         progress: called after each batch with (prompts done, total, response
           tokens, seconds).
     """
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    batches, cur = [], []
+    for i in order:  # ascending length: the newest prompt is the longest
+        cols = len(prompts[i]) + max_tokens
+        if cur and (
+            len(cur) >= batch_size
+            or (max_batch_tokens and (len(cur) + 1) * cols > max_batch_tokens)
+        ):
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    batches += [cur] if cur else []
     random.Random(seed).shuffle(batches)
     fixed = all(type(c) is KVCache for c in target.make_cache(bucket=False))
+    if temperature and not fixed:
+        raise ValueError("sampled generation needs an attention-only target")
+    key = mx.random.key(seed)
     seqs, plens, done, n_tok, t0 = [], [], 0, 0, time.perf_counter()
     for batch in batches:
         left = None if time_budget is None else time_budget - (time.perf_counter() - t0)
         if left is not None and left <= 0:
             break
         rows = [list(prompts[i]) for i in batch]
+        key, sub = mx.random.split(key)
+        extra = dict(temperature=temperature, key=sub) if temperature else {}
         gen = greedy_batch if fixed else _batch_generator
         outs = gen(
             target,
@@ -130,6 +151,7 @@ def generate_responses(
             stop_tokens=stop_tokens,
             max_tokens=max_tokens,
             time_budget=left,
+            **extra,
         )
         for p, out in zip(rows, outs):
             if len(out) >= min_response:
@@ -151,8 +173,12 @@ def greedy_batch(
     time_budget: Optional[float] = None,
     pad_multiple: int = 32,
     min_rows: int = 8,
+    prefill_chunk: int = 512,
+    temperature: float = 0.0,
+    key: Optional[mx.array] = None,
 ) -> List[List[int]]:
-    """Greedy continuations of `prompts`, decoded together in fixed shapes.
+    """Greedy (or sampled, with `temperature` and `key`) continuations of
+    `prompts`, decoded together in fixed shapes.
 
     Prompts are left-padded to one length and every layer gets a
     `PaddedBatchKVCache` sized for prompt + `max_tokens` (a 256-multiple), so
@@ -160,6 +186,8 @@ def greedy_batch(
     padding invisible (each row equals its own unbatched greedy run). Rows stop
     at a stop token (kept) or `max_tokens`. When at most half the rows are
     still running, the batch shrinks to a power of two: a few shapes in all.
+    Prompts longer than `prefill_chunk` are prefilled in chunks of it (the
+    masked attention of one long chunk would hold rows x P x capacity scores).
     """
     R = len(prompts)
     lens = np.array([len(p) for p in prompts])
@@ -171,16 +199,25 @@ def greedy_batch(
     pad = mx.array(P - lens, dtype=mx.int32)
     cache = [PaddedBatchKVCache(pad, capacity) for _ in target.layers]
 
+    keys = [key]
+
     def step(x):
         logits, _ = target.forward(x, cache, last_only=True)
-        return mx.argmax(logits[:, -1], axis=-1)
+        if not temperature:
+            return mx.argmax(logits[:, -1], axis=-1)
+        keys[0], sub = mx.random.split(keys[0])
+        return mx.random.categorical(logits[:, -1] * (1 / temperature), key=sub)
 
     deadline = None if time_budget is None else time.perf_counter() + time_budget
     stops = np.asarray(list(stop_tokens), dtype=np.int64)
     out = np.zeros((R, max_tokens), dtype=np.int64)
     length = np.zeros(R, dtype=np.int64)  # 0 while a row runs
     slots = np.arange(R)  # the prompt each batch row decodes
-    y = step(mx.array(tokens))
+    for c0 in range(0, P - prefill_chunk, prefill_chunk):
+        target.forward(mx.array(tokens[:, c0 : c0 + prefill_chunk]), cache, last_only=True)
+        mx.eval([c.keys for c in cache])
+    c0 = max(0, (P - 1) // prefill_chunk * prefill_chunk)
+    y = step(mx.array(tokens[:, c0:]))
     mx.async_eval(y)
     for t in range(max_tokens):
         # Queue step t+1 before reading step t: the host waits once per step.
@@ -212,7 +249,7 @@ def greedy_batch(
 
 
 def _batch_generator(
-    target, prompts, *, stop_tokens, max_tokens, time_budget=None
+    target, prompts, *, stop_tokens, max_tokens, time_budget=None, **_
 ) -> List[List[int]]:
     """mlx_lm's `BatchGenerator`, for models whose caches are not plain KV caches."""
     from mlx_lm.generate import BatchGenerator

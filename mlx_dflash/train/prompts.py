@@ -169,7 +169,8 @@ HELD_OUT = Path(__file__).with_name("held_out.json")
 @dataclass
 class Prompt:
     text: str
-    kind: str  # "code" or "general"
+    kind: str  # "code", "general", or a natural set's category
+    messages: Optional[list] = None  # a whole chat (system, turns); text is its last message
 
 
 def _held_out(text: str, fraction: float) -> bool:
@@ -285,11 +286,22 @@ def build_prompts(*, seed: int = 0, held_out: float = 0.02, wide: bool = True):
 
 def encode(tokenizer, text: str) -> List[int]:
     """Chat-template a user message (generation prompt added) into token ids."""
+    return encode_messages(tokenizer, [{"role": "user", "content": text}])
+
+
+def encode_messages(tokenizer, messages: Sequence[dict]) -> List[int]:
+    """Chat-template a conversation (generation prompt added) into token ids;
+    without a template, the contents joined by newlines."""
     if getattr(tokenizer, "chat_template", None):
-        messages = [{"role": "user", "content": text}]
         return list(
             tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True
+                list(messages), add_generation_prompt=True, tokenize=True
             )
         )
-    return list(tokenizer.encode(text))
+    return list(tokenizer.encode("\n".join(m["content"] for m in messages)))
+
+
+def encode_prompt(tokenizer, prompt: Prompt) -> List[int]:
+    return encode_messages(
+        tokenizer, prompt.messages or [{"role": "user", "content": prompt.text}]
+    )

@@ -43,6 +43,13 @@ class TrainArgs:
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
     grad_clip: float = field(default=1.0, metadata={"help": "global grad-norm clip"})
     max_len: int = field(default=1024, metadata={"help": "truncate sequences"})
+    batch_tokens: Optional[int] = field(
+        default=None,
+        metadata={
+            "help": "cap on sequences x padded length per batch: batches of long "
+            "sequences hold fewer (and similar lengths are batched together)"
+        },
+    )
     seed: int = field(default=0, metadata={"help": "rng seed"})
     save_every: int = field(
         default=500, metadata={"help": "checkpoint interval (steps)"}
@@ -153,6 +160,31 @@ def make_batch(
     )
 
 
+def shuffled(data: Dataset, args: TrainArgs, rng: np.random.Generator) -> np.ndarray:
+    """A random order of the sequences; with `batch_tokens`, sorted by length
+    within windows of 64 batches, so long sequences share their batches, and
+    those batch-sized groups shuffled (the time budget measures a mix)."""
+    order = rng.permutation(len(data))
+    if not args.batch_tokens:
+        return order
+    lens = np.minimum(np.diff(data.offsets)[order], args.max_len)
+    bs, groups = args.batch_size, []
+    for i in range(0, len(order), 64 * bs):
+        win = order[i : i + 64 * bs][np.argsort(lens[i : i + 64 * bs], kind="stable")]
+        part = [win[j : j + bs] for j in range(0, len(win), bs)]
+        groups += [part[k] for k in rng.permutation(len(part))]
+    return np.concatenate(groups)
+
+
+def batch_rows(data: Dataset, idx: np.ndarray, args: TrainArgs) -> int:
+    """How many of `idx` (the next `batch_size` in order) the batch takes."""
+    if not args.batch_tokens:
+        return len(idx)
+    lens = -(-np.minimum(np.diff(data.offsets)[idx], args.max_len) // 64) * 64
+    fits = np.arange(1, len(idx) + 1) * np.maximum.accumulate(lens) <= args.batch_tokens
+    return max(1, int(fits.sum()))  # a prefix: the product only grows
+
+
 class Progress:
     """One status line: step, loss, lr, tokens/s, per-block tau estimate, eta."""
 
@@ -205,7 +237,7 @@ def train(
     opt = optim.AdamW(learning_rate=lr_at, weight_decay=args.weight_decay)
     opt.init(draft.trainable_parameters())
     rng = np.random.default_rng(args.seed)
-    order, pos = rng.permutation(len(data)), 0
+    order, pos = shuffled(data, args, rng), 0
     start, prior_seconds = 0, 0.0
     if resume and (out / "train_state" / "trainer_state.json").is_file():
         st = load_state(out, draft, opt)
@@ -245,9 +277,10 @@ def train(
     def next_batch():
         nonlocal order, pos
         if pos + args.batch_size > len(order):
-            order, pos = rng.permutation(len(data)), 0
+            order, pos = shuffled(data, args, rng), 0
         idx = order[pos : pos + args.batch_size]
-        pos += args.batch_size
+        idx = idx[: batch_rows(data, idx, args)]
+        pos += len(idx)
         return make_batch(data, idx, args, rng)
 
     prog = Progress(total[0])

@@ -1,0 +1,417 @@
+"""The 'natural' training prompts: requests written the way people write them.
+
+Composed, seeded, from hand-written pieces (never from the held-out set,
+`held_out_natural.json`, written separately): coding requests (write / fix /
+explain / refactor / test in several languages), edits that paste code and ask
+for a change (the answer repeats much of the prompt), single- and multi-turn
+chat, math word problems with drawn numbers, and tool-use turns in an agent
+format. Pasted code is real: functions of the stdlib files in the training
+share of `agent_context` (the long-context eval reads the other share).
+`long_prompts` adds agent transcripts of 1-8k tokens. `shared_spans` checks
+that no held-out prompt shares a long word span with a training prompt.
+"""
+
+import ast
+import random
+import re
+from functools import lru_cache
+from typing import Dict, List, Sequence
+
+from .agent_context import HARNESSES, _read, stdlib_files, system_prompt, transcript
+from .prompts import Prompt
+
+LANGUAGES = (
+    "Python JavaScript TypeScript Go Rust Java C C++ C# Ruby PHP Kotlin Swift Bash "
+    "Lua Haskell Scala"
+).split()
+
+TASKS = [
+    "counts how many vowels are in a string",
+    "returns the n-th Fibonacci number iteratively",
+    "checks if a year is a leap year",
+    "converts a Roman numeral to an integer",
+    "finds the second largest number in a list",
+    "rotates an array by k positions",
+    "parses a query string like a=1&b=2 into a map",
+    "computes the median of a list of numbers",
+    "chunks a list into pieces of size n",
+    "validates an IPv4 address",
+    "computes the Levenshtein distance between two strings",
+    "implements a queue with two stacks",
+    "retries a function up to 3 times with exponential backoff",
+    "reads a CSV file and sums one column",
+    "generates a random password of a given length",
+    "implements a simple token bucket rate limiter",
+    "merges overlapping intervals",
+    "finds all prime numbers below n with a sieve",
+    "transposes a matrix",
+    "caches the results of a function (memoization)",
+    "converts snake_case to camelCase",
+    "flattens a nested dictionary into dotted keys",
+    "does a breadth-first search on a graph given as an adjacency list",
+    "counts word frequencies in a text file and prints the top 10",
+    "checks whether two rectangles overlap",
+    "implements a min-heap with push and pop",
+    "truncates a string to n characters and adds an ellipsis",
+    "computes the greatest common divisor of two numbers",
+    "formats a duration in seconds as HH:MM:SS",
+    "finds the longest common prefix of a list of strings",
+    "parses a date string and returns the weekday",
+    "implements a trie with insert and search",
+    "walks a directory tree and lists files larger than 1 MB",
+    "shuffles a list in place (Fisher-Yates)",
+    "converts an integer to its binary representation",
+    "implements a basic event emitter with on/off/emit",
+    "sends a JSON POST request and handles errors",
+    "implements a circular buffer",
+    "checks if a linked list has a cycle",
+    "debounces calls to a function",
+]
+
+WRITE = [
+    "Write a {lang} function that {task}.",
+    "how do i write something in {lang} that {task}?",
+    "Can you give me {lang} code that {task}? Keep it simple please.",
+    "I need a small {lang} program that {task}. Add comments.",
+    "Show me an idiomatic {lang} solution: a function that {task}.",
+    "{lang}: write a function that {task}, with a usage example.",
+    "Please implement, in {lang}, a helper that {task}. Handle edge cases.",
+    "quick question - what's the cleanest way in {lang} to write code that {task}",
+]
+
+# (what the request says, a template taking the pasted code)
+SNIPPET_ASKS = {
+    "code_explain": [
+        "What does this code do?\n\n```{lang}\n{code}\n```",
+        "Can you explain this function line by line?\n\n```{lang}\n{code}\n```",
+        "I found this in our codebase and don't understand it. Explain please:\n\n```{lang}\n{code}\n```",
+        "```{lang}\n{code}\n```\nExplain what this is for and how it works.",
+    ],
+    "code_refactor": [
+        "Refactor this to make it more readable:\n\n```{lang}\n{code}\n```",
+        "How would you improve this code?\n\n```{lang}\n{code}\n```",
+        "Clean up this function, keep the behaviour the same:\n\n```{lang}\n{code}\n```",
+        "Simplify this code, and tell me what you changed:\n\n```{lang}\n{code}\n```",
+    ],
+    "code_test": [
+        "Write unit tests for this:\n\n```{lang}\n{code}\n```",
+        "Write pytest tests covering the edge cases of this function:\n\n```{lang}\n{code}\n```",
+        "Can you add tests for the following code?\n\n```{lang}\n{code}\n```",
+    ],
+    "copy_edit": [
+        "Add type hints to this code and return the full code:\n\n```{lang}\n{code}\n```",
+        "Add a docstring and comments to this function, keep the code unchanged:\n\n```{lang}\n{code}\n```",
+        "Rename the function to `{new}` and show me the whole thing:\n\n```{lang}\n{code}\n```",
+        "Add logging calls to this function and give me back the complete code:\n\n```{lang}\n{code}\n```",
+        "Make this function raise a ValueError on invalid input. Full code please.\n\n```{lang}\n{code}\n```",
+        "Reformat this code to follow PEP 8 and return it:\n\n```{lang}\n{code}\n```",
+        "Here's my code:\n\n```{lang}\n{code}\n```\nChange it to use f-strings wherever it builds strings, and paste the result.",
+    ],
+    "code_fix": [
+        "This function has a bug, can you find and fix it?\n\n```{lang}\n{code}\n```",
+        "My code gives the wrong result sometimes. What's wrong?\n\n```{lang}\n{code}\n```",
+        "Something is off in this code, the tests fail. Fix it:\n\n```{lang}\n{code}\n```",
+        "```{lang}\n{code}\n```\nI think there's an off-by-one or logic error here. Can you check?",
+    ],
+}
+
+# Small bugs put into real code for the fix requests (pattern, replacement).
+MUTATIONS = [
+    (r" < ", " <= "),
+    (r" > ", " >= "),
+    (r" == ", " != "),
+    (r" \+ 1\b", ""),
+    (r" - 1\b", ""),
+    (r"\bTrue\b", "False"),
+    (r"\band\b", "or"),
+    (r"\bnot ", ""),
+]
+
+OTHER_SNIPPETS = [
+    ("javascript", "function sum(arr) {\n  let total = 0;\n  for (let i = 0; i <= arr.length; i++) {\n    total += arr[i];\n  }\n  return total;\n}"),
+    ("go", "func Contains(xs []string, s string) bool {\n\tfor _, x := range xs {\n\t\tif x == s {\n\t\t\treturn true\n\t\t}\n\t}\n\treturn false\n}"),
+    ("rust", "fn word_count(text: &str) -> usize {\n    text.split_whitespace().count()\n}"),
+    ("java", "public static int factorial(int n) {\n    if (n == 0) return 1;\n    return n * factorial(n - 1);\n}"),
+    ("c", "int max_index(const int *a, int n) {\n    int best = 0;\n    for (int i = 1; i < n; i++)\n        if (a[i] > a[best]) best = i;\n    return best;\n}"),
+    ("typescript", "export function unique<T>(xs: T[]): T[] {\n  return xs.filter((x, i) => xs.indexOf(x) === i);\n}"),
+    ("bash", "#!/bin/bash\nfor dir in \"$@\"; do\n  count=$(find \"$dir\" -type f | wc -l)\n  echo \"$dir: $count files\"\ndone"),
+    ("sql", "SELECT c.name, SUM(o.total) AS spent\nFROM clients c JOIN purchases o ON o.client_id = c.id\nWHERE o.created_at >= '2024-01-01'\nGROUP BY c.name;"),
+    ("ruby", "def titleize(s)\n  s.split(' ').map { |w| w.capitalize }.join(' ')\nend"),
+    ("kotlin", "fun isPrime(n: Int): Boolean {\n    if (n < 2) return false\n    for (i in 2 until n) if (n % i == 0) return false\n    return true\n}"),
+]
+
+CHAT = [
+    "what should i cook tonight? i have eggs, spinach and some cheese",
+    "Give me some tips for staying focused while working from home.",
+    "How do I ask my boss for a raise?",
+    "What are some fun things to do on a rainy weekend with kids?",
+    "Can you explain how vaccines work in simple terms?",
+    "Recommend a few podcasts about history.",
+    "I'm nervous about public speaking. Any advice?",
+    "How can I save money on groceries?",
+    "What's the best way to learn to play guitar as an adult?",
+    "Why do cats purr?",
+    "How long should I steep green tea?",
+    "help me pick a name for my new puppy, she's a small brown terrier",
+    "What is the difference between a virus and a bacterium?",
+    "How do I get rid of fruit flies in my kitchen?",
+    "Suggest a weekly workout plan for a beginner.",
+    "What are good questions to ask at the end of an interview?",
+    "How does compound interest work?",
+    "my plants keep dying, what am I doing wrong?",
+    "Can you summarize the plot of Romeo and Juliet?",
+    "What's a healthy breakfast that takes 5 minutes?",
+    "is it ok to drink coffee before a workout?",
+    "What's the best way to memorize vocabulary in a new language?",
+    "How do noise-cancelling headphones work?",
+    "Plan a cheap date night at home.",
+    "How often should I change my car's oil?",
+    "what are some good habits for a productive morning",
+    "Explain the offside rule in football.",
+    "Why do we have leap years?",
+    "Give me a packing list for a weekend camping trip.",
+    "How can I make my small apartment feel bigger?",
+]
+CHAT_ABOUT = [
+    "{q} I'm {who}.", "{q}", "Quick one: {q}", "{q} Please keep the answer under 100 words.",
+]
+WHO = ["a student", "retired", "a nurse working night shifts", "new to the city",
+       "on a tight budget", "a parent of two toddlers", "a software developer"]
+WRITING = ["an email", "a short text message", "a LinkedIn post", "a thank-you note",
+           "a toast", "a product review", "a short poem", "a cover letter opening",
+           "an apology message", "a tweet"]
+WRITING_ABOUT = [
+    "to my landlord about a leaking tap", "thanking a coworker for covering my shift",
+    "announcing that I got a new job", "for my sister's wedding", "about a coffee grinder I bought",
+    "about autumn in the city", "to a client about a delayed delivery",
+    "inviting friends to a board game night", "for a teacher at the end of the school year",
+    "about finishing my first marathon",
+]
+TONES = ["", " Keep it short.", " Make it funny.", " Make it formal.", " Friendly tone please."]
+
+FIRST_TURNS = [
+    ("What's a good first programming language?", "Python is a popular first language: its syntax is readable and it is used for web development, data analysis and automation."),
+    ("I want to eat healthier.", "A good start is to add vegetables to every meal, drink more water, and cut down on sugary drinks and snacks."),
+    ("Can you help me write a story?", "Of course! What genre would you like, and do you have a main character in mind?"),
+    ("How do I make my resume stand out?", "Lead with concrete achievements, use numbers where you can, and tailor the resume to each job posting."),
+    ("What's the capital of Australia?", "The capital of Australia is Canberra."),
+    ("I'm learning SQL.", "Great! Start with SELECT, WHERE, JOIN and GROUP BY; most everyday queries use only these."),
+    ("Tell me about the Moon.", "The Moon is Earth's only natural satellite, about a quarter of Earth's diameter, and it causes the ocean tides."),
+    ("I need a gift idea for my dad.", "What does he enjoy? Hobbies like cooking, gardening or sports can point to a thoughtful gift."),
+]
+FOLLOW_UPS = [
+    "Can you give me more detail?", "ok, what next?", "Can you make that shorter?",
+    "Why is that?", "Give me an example.", "Thanks! Any other ideas?",
+    "He likes fishing and old movies.", "A mystery story with a detective cat.",
+    "What would you recommend for a complete beginner?", "can you put that in a list",
+    "Could you explain it differently?", "And what are the downsides?",
+    "how long would that take?", "Great, can you write that as an email?",
+]
+
+NAMES = "Ana Ben Chloe Dev Elif Farid Grace Hiro Ines Jonas Kofi Lena Marco Nadia Omar Priya".split()
+ITEMS = "apples pencils stickers cookies marbles books stamps cards shells balloons".split()
+MATH = [
+    "{n1} has {a} {item}. {n2} gives {n1} {b} more, then {n1} uses {c}. How many {item} does {n1} have now?",
+    "A store sells {item} at ${p} each. {n1} buys {a} and pays with a ${bill} bill. How much change?",
+    "{n1} reads {a} pages a day. The book has {big} pages. How many days to finish it?",
+    "A car uses {a} liters of fuel per 100 km. How much fuel for a trip of {big} km?",
+    "{n1} is {a} years older than {n2}. In {b} years their ages will add up to {big}. How old is {n2} now?",
+    "A pool is {a} m long and {b} m wide. How many square meters is its surface?",
+    "If {a} workers build a wall in {b} days, how long would {c} workers take at the same rate?",
+    "The price of a bike went from ${big} to ${p2}. By what percent did it change?",
+    "{n1} walks at {a} km/h for {b} hours and then cycles at {c} km/h for 2 hours. How far in total?",
+    "A class has {big} students and {a}% of them play a sport. How many don't?",
+    "Solve for x: {a}x + {b} = {big}. Show the steps.",
+    "{n1} splits ${big} among {a} friends equally. How much does each get, to the cent?",
+]
+MATH_STYLE = ["", " Explain step by step.", " Show your work.", " Just give the answer with a short explanation."]
+
+TOOL_ASKS = [
+    "run the tests and tell me what fails",
+    "find where the logging is configured",
+    "what does the main entry point of this project do?",
+    "Create a .gitignore for a Python project.",
+    "Check which version of Python is installed.",
+    "list the files in the src directory",
+    "Search the code for uses of `subprocess` and tell me if any are unsafe.",
+    "Fix the failing import in the package's __init__.py.",
+    "How big is the repository on disk?",
+    "Read the README and summarize the setup steps.",
+]
+# Requests about a file of the training share (the path and a name drawn from it).
+TOOL_FILE_ASKS = [
+    "Open {path} and explain what `{name}` does.",
+    "Where is `{name}` defined? I think it's somewhere in {path}.",
+    "Add a docstring to `{name}` in {path}.",
+    "Run the tests for {path}.",
+    "can you check {path} for unused imports",
+    "Write a test for `{name}` ({path}) and run it.",
+    "Rename `{name}` in {path} to something clearer and update the callers.",
+    "Is `{name}` in {path} thread-safe?",
+]
+TOOL_RESULTS = [
+    "FAILED tests/test_io.py::test_roundtrip - AssertionError: b'' != b'data'\n1 failed, 41 passed in 2.31s",
+    "Python 3.12.3",
+    "src/\n  __init__.py\n  cli.py\n  core.py\n  utils.py",
+    "README.md:12: pip install -e .\nREADME.md:13: make test",
+    "  4.2M\t.",
+]
+
+
+@lru_cache(maxsize=None)
+def stdlib_snippets() -> List[str]:
+    """Top-level functions (4-40 lines) of the training share of stdlib files."""
+    out = []
+    for rel in stdlib_files("train"):
+        src = _read(rel)
+        try:
+            tree = ast.parse(src)
+        except SyntaxError:
+            continue
+        lines = src.split("\n")
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and 4 <= node.end_lineno - node.lineno < 40:
+                out.append("\n".join(lines[node.lineno - 1 : node.end_lineno]))
+    return out
+
+
+@lru_cache(maxsize=None)
+def _file_names() -> List[tuple]:
+    """(path, top-level function name) pairs of the training share."""
+    out = []
+    for rel in stdlib_files("train"):
+        try:
+            tree = ast.parse(_read(rel))
+        except SyntaxError:
+            continue
+        out += [(rel, n.name) for n in tree.body if isinstance(n, ast.FunctionDef)]
+    return out
+
+
+def _user(text: str) -> list:
+    return [{"role": "user", "content": text}]
+
+
+def _snippet_prompt(rng, category):
+    if rng.random() < 0.8 or category in ("copy_edit",):
+        lang, code = "python", rng.choice(stdlib_snippets())
+    else:
+        lang, code = rng.choice(OTHER_SNIPPETS)
+    if category == "code_fix":
+        hits = [(p, r) for p, r in MUTATIONS if re.search(p, code)]
+        if hits:
+            p, r = rng.choice(hits)
+            matches = list(re.finditer(p, code))
+            m = rng.choice(matches)
+            code = code[: m.start()] + re.sub(p, r, m.group(0)) + code[m.end() :]
+    ask = rng.choice(SNIPPET_ASKS[category])
+    return ask.format(lang=lang, code=code, new="process_" + rng.choice(ITEMS))
+
+
+def _math(rng):
+    a, b, c = rng.randint(2, 12), rng.randint(2, 20), rng.randint(1, 9)
+    text = rng.choice(MATH).format(
+        n1=rng.choice(NAMES), n2=rng.choice(NAMES), item=rng.choice(ITEMS),
+        a=a, b=b, c=c, p=rng.randint(2, 15), bill=rng.choice([20, 50, 100]),
+        big=rng.randint(40, 400), p2=rng.randint(40, 400),
+    )
+    return text + rng.choice(MATH_STYLE)
+
+
+def _tool_use(rng):
+    preamble, tools = rng.choice(HARNESSES["train"])
+    msgs = [{"role": "system", "content": system_prompt(preamble, tools)}]
+    if rng.random() < 0.3:
+        ask = rng.choice(TOOL_ASKS)
+    else:
+        path, name = rng.choice(_file_names())
+        ask = rng.choice(TOOL_FILE_ASKS).format(path=path, name=name)
+    msgs.append({"role": "user", "content": ask})
+    if rng.random() < 0.5:  # a turn later: the tool has answered
+        name = tools[2]["name"]
+        arg = next(iter(tools[2]["parameters"]["properties"]))
+        call = '{"name": "%s", "arguments": {"%s": "..."}}' % (name, arg)
+        msgs.append({"role": "assistant", "content": f"<tool_call>{call}</tool_call>"})
+        msgs.append({"role": "tool", "content": rng.choice(TOOL_RESULTS)})
+    return msgs
+
+
+def _chat(rng):
+    r = rng.random()
+    if r < 0.4:
+        q = rng.choice(CHAT)
+        return _user(rng.choice(CHAT_ABOUT).format(q=q, who=rng.choice(WHO)))
+    if r < 0.7:
+        return _user(f"Write {rng.choice(WRITING)} {rng.choice(WRITING_ABOUT)}.{rng.choice(TONES)}")
+    first, reply = rng.choice(FIRST_TURNS)
+    return [
+        {"role": "user", "content": first},
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": rng.choice(FOLLOW_UPS)},
+    ]
+
+
+# The recipe's mix of the natural set (shares of its prompts).
+DEFAULT_MIX = {
+    "code_write": 0.18, "code_fix": 0.1, "code_explain": 0.1, "code_refactor": 0.08,
+    "code_test": 0.08, "copy_edit": 0.14, "chat": 0.14, "math": 0.1, "tool_use": 0.08,
+}
+
+
+def natural_prompts(n: int, *, seed: int = 0, mix: Dict[str, float] = DEFAULT_MIX) -> List[Prompt]:
+    """`n` distinct natural prompts drawn by category shares `mix` (seeded)."""
+    rng = random.Random(seed)
+    cats, weights = list(mix), list(mix.values())
+    out, seen = [], set()
+    for _ in range(n * 20):
+        if len(out) >= n:
+            break
+        cat = rng.choices(cats, weights)[0]
+        if cat == "code_write":
+            msgs = _user(rng.choice(WRITE).format(lang=rng.choice(LANGUAGES), task=rng.choice(TASKS)))
+        elif cat in SNIPPET_ASKS:
+            msgs = _user(_snippet_prompt(rng, cat))
+        elif cat == "math":
+            msgs = _user(_math(rng))
+        elif cat == "tool_use":
+            msgs = _tool_use(rng)
+        else:
+            msgs = _chat(rng)
+        key = tuple((m["role"], m["content"]) for m in msgs)
+        if key not in seen:
+            seen.add(key)
+            out.append(Prompt(msgs[-1]["content"], cat, msgs))
+    return out
+
+
+def long_prompts(tokenizer, n: int, *, seed: int = 0, lengths=(1024, 7552)) -> List[Prompt]:
+    """`n` agent transcripts (training share) of about `lengths` tokens, drawn
+    uniformly (estimated lengths, which overestimate: keep MAX + the response
+    within the target's context)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        n_tok = rng.randint(*lengths)
+        msgs = transcript(tokenizer, n_tok, seed * 100_003 + i, split="train", exact=False)
+        out.append(Prompt(msgs[-1]["content"], "long", msgs))
+    return out
+
+
+def _words(prompt: Prompt) -> List[str]:
+    msgs = prompt.messages or _user(prompt.text)
+    return " ".join(m["content"] for m in msgs if m["role"] != "system").split()
+
+
+def shared_spans(train: Sequence[Prompt], held: Sequence[Prompt], n: int = 10) -> List[int]:
+    """Indices of `held` prompts sharing a run of `n` words with a training one
+    (system prompts aside: a harness is shared by design only within a split)."""
+    grams = set()
+    for p in train:
+        w = _words(p)
+        grams.update(tuple(w[i : i + n]) for i in range(len(w) - n + 1))
+    hits = []
+    for j, p in enumerate(held):
+        w = _words(p)
+        if any(tuple(w[i : i + n]) in grams for i in range(len(w) - n + 1)):
+            hits.append(j)
+    return hits
