@@ -60,6 +60,8 @@ def warm_up(
             target,
             prompt,
             drafter,
+            cache=target.make_cache(),
+            cached=0,
             max_tokens=1 + block_size + block_size // 2,
             block_size=block_size,
             sampling=params,
