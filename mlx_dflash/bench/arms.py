@@ -2,8 +2,9 @@
 
 `load` gives the target (a random `--shape`, or the model `load_pair` would
 load for `generate`) and a maker of matching random DFlash drafts; `make_arms`
-one `Arm` per `--draft` entry (lookup, engine at each `--tau`, a checkpoint),
-each `--block-linear` / `--attention-kernel` choice an arm of its own.
+one `Arm` per `--draft` entry (lookup, engine at each `--tau`, a checkpoint,
+z-lab's reference loop on a checkpoint: zlab.py), each `--block-linear` /
+`--attention-kernel` choice an arm of its own.
 """
 
 from dataclasses import replace
@@ -17,6 +18,7 @@ from ..fallback import Fallback
 from ..load import (
     block_size_for,
     load_drafter,
+    load_model,
     load_target,
     model_name,
     quantize_draft,
@@ -25,6 +27,7 @@ from ..target import Target
 from .engine import make_engine_drafter
 from .runner import Arm
 from .shapes import build_draft, build_target, draft_for_target
+from .zlab import PREFIX as ZLAB, make_zlab_arm
 
 
 def _on(choice: str, flag: str = "--block-linear"):
@@ -51,14 +54,7 @@ def load(args):
         raise ValueError("--quantize needs --shape (a loaded --model keeps its own weights)")
     if args.shape:
         dtype = dtype or mx.bfloat16
-        model = build_target(
-            args.shape,
-            dtype=dtype,
-            seed=args.seed,
-            peaked=args.peaked,
-            quantize=args.quantize,
-            group_size=args.group_size,
-        )
+        model = stock_model(args)
         shard(model, world, "--shape")  # the same seeded weights on every rank
         target, tokenizer = Target(model, **_kernels(args)), None
         kind = "peaked random" if args.peaked else "random"
@@ -89,6 +85,22 @@ def load(args):
         return draft
 
     return target, tokenizer, label, make
+
+
+def stock_model(args):
+    """A fresh, untapped copy of the weights `load` gives the target: the
+    `--shape` built again from `--seed`, or the model loaded again."""
+    dtype = getattr(mx, args.dtype) if args.dtype else None
+    if args.shape:
+        return build_target(
+            args.shape,
+            dtype=dtype or mx.bfloat16,
+            seed=args.seed,
+            peaked=args.peaked,
+            quantize=args.quantize,
+            group_size=args.group_size,
+        )
+    return load_model(args.model, dtype=dtype)[0]
 
 
 def make_arms(args, target, vocab, make_draft):
@@ -122,6 +134,8 @@ def make_arms(args, target, vocab, make_draft):
                         calibrate=True,
                     )
                 )
+        elif spec.startswith(ZLAB):
+            arms.append(make_zlab_arm(spec, args, lambda: stock_model(args)))
         else:
             # As `load_pair` loads it for `generate` and `serve`: the drafter
             # in the device's dtype, the flag's block size over its own.
@@ -140,9 +154,11 @@ def make_arms(args, target, vocab, make_draft):
             arms.append(Arm(name, make, block_size_for(args.block_size, native)))
     if args.fallback:
         for arm in arms:
-            arm.fallback = Fallback()
+            if arm.run is None:  # z-lab's loop has no fallback
+                arm.fallback = Fallback()
     # A comma list of choices: every arm once per choice, the switch set in
-    # `Arm.setup` before each run (so the choices alternate within a case).
+    # `Arm.setup` before each run (so the choices alternate within a case);
+    # z-lab's arms run once (our Target's switches do not reach its copy).
     for flag, name, choices, switch in [
         ("--block-linear", "linear", args.block_linear, target.set_block_linear),
         (
@@ -159,8 +175,10 @@ def make_arms(args, target, vocab, make_draft):
                     name=f"{arm.name} {name}={choice}",
                     setup=_then(arm.setup, switch, _on(choice, flag)),
                 )
+                if arm.run is None
+                else arm
                 for arm in arms
-                for choice in choices
+                for choice in (choices if arm.run is None else choices[:1])
             ]
     return arms
 

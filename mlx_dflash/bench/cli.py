@@ -4,6 +4,7 @@ Examples:
   mlx-dflash bench --draft lookup,engine --max-tokens 128          # default pair
   mlx-dflash bench --shape qwen3-8b --draft engine --tau 4,6.5,9   # random 8B shape
   mlx-dflash bench --draft path/to/draft --temp 0,0.7,1.0            # τ per temperature
+  mlx-dflash bench --draft DIR,zlab:DIR      # ours beside z-lab's reference loop
   mlx.launch -n 2 --backend ring -- mlx-dflash bench --shape tiny-qwen3.5 --draft lookup
                                     # target split across ranks; rank 0 reports
 """
@@ -82,7 +83,10 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=["engine"],
         help="comma list of: engine (real-size random DFlash forward + oracle tokens at --tau), "
         "lookup (prompt lookup), or a DFlash checkpoint directory; append @q8 or @q4 "
-        "to a checkpoint to quantize its Linear layers (e.g. DIR,DIR@q8,DIR@q4)",
+        "to a checkpoint to quantize its Linear layers (e.g. DIR,DIR@q8,DIR@q4); "
+        "zlab:DIR runs z-lab's reference loop (dflash.model_mlx.stream_generate; "
+        "pip install --no-deps dflash==0.1.0) with that checkpoint on its own copy "
+        "of the target (e.g. DIR,zlab:DIR)",
     )
     p.add_argument(
         "--fallback",

@@ -60,6 +60,9 @@ class Arm:
     # Called before each of the arm's runs (e.g. the target's kernel choice,
     # so two arms can differ in it and still alternate within one case).
     setup: Optional[Callable[[], None]] = None
+    # A decoding loop of its own, run instead of ours (z-lab's, bench/zlab.py):
+    # run(prompt, max_tokens, prefill_step, sampling) -> RunResult; no profile.
+    run: Optional[Callable[..., "RunResult"]] = None
 
     def start(self, reference: List[int]):
         """Apply `setup`, then return a fresh drafter."""
@@ -201,6 +204,8 @@ def run_case(
 
     def spec_run(arm: Arm, reference: List[int], r: int) -> RunResult:
         """A run of `arm` with a fresh drafter that knows `reference`."""
+        if arm.run is not None:
+            return arm.run(case.prompt, N, prefill_step, params(r))
         drafter = arm.start(reference)
         return run_spec(
             target,
@@ -223,7 +228,7 @@ def run_case(
     # length still includes its compile where the backend JIT-compiles.
     profiles = {}
     if profile:
-        for arm in arms:
+        for arm in (a for a in arms if a.run is None):
             drafter = arm.start(list(case.prompt) + ref)
             profiles[arm.name] = profile_cycle(
                 target, case.prompt, drafter, arm.block_size
