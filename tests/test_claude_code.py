@@ -15,6 +15,8 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
+
+pytest.importorskip("fastapi")  # the HTTP stack (absent on the CUDA machine)
 from helpers import BranchModel, LiveServer, ScriptedModel, make_tokenizer
 
 from mlx_dflash.drafters import PromptLookupDrafter

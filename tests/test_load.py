@@ -6,6 +6,9 @@ import json
 from pathlib import Path
 
 import mlx.core as mx
+import pytest
+
+pytest.importorskip("fastapi")  # the HTTP stack (absent on the CUDA machine)
 from models import VOCAB, save_tiny_shape_draft, tiny_model
 
 from mlx_dflash import load

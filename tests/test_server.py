@@ -12,6 +12,8 @@ import httpx
 import mlx.core as mx
 import openai
 import pytest
+
+pytest.importorskip("fastapi")  # the HTTP stack (absent on the CUDA machine)
 from helpers import (
     MESSAGES,
     TOOLS_AN,

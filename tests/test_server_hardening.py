@@ -14,6 +14,8 @@ import time
 
 import httpx
 import pytest
+
+pytest.importorskip("fastapi")  # the HTTP stack (absent on the CUDA machine)
 from helpers import LiveServer, random_provider, serve_process, slow_provider
 from models import save_tiny_model_dir
 

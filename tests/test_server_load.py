@@ -32,6 +32,8 @@ import anthropic
 import httpx
 import openai
 import pytest
+
+pytest.importorskip("fastapi")  # the HTTP stack (absent on the CUDA machine)
 from helpers import serve_process
 from models import save_tiny_model_dir
 

@@ -10,6 +10,8 @@ import asyncio
 import json
 
 import pytest
+
+pytest.importorskip("fastapi")  # the HTTP stack (absent on the CUDA machine)
 from mlx_lm.tool_parsers import json_tools, qwen3_coder
 from helpers import (
     ANSWER,

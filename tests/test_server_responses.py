@@ -16,6 +16,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+
+pytest.importorskip("fastapi")  # the HTTP stack (absent on the CUDA machine)
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 from helpers import (

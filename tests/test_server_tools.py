@@ -7,6 +7,8 @@ both APIs must hand it back as tool calls, streaming or not.
 import json
 
 import pytest
+
+pytest.importorskip("fastapi")  # the HTTP stack (absent on the CUDA machine)
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from helpers import (
     MESSAGES,
