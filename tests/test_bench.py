@@ -457,10 +457,30 @@ def test_cli_quantized_shape_target_and_engine_draft(tmp_path):
     )
     res = json.loads((tmp_path / "q.json").read_text())
     s = res["settings"]
-    assert (s["quantize"], s["group_size"], s["draft_quantize"]) == (4, 64, 4)
+    assert (s["quantize"], s["group_size"], s["draft_quantize"]) == (4, 64, [4])
     assert "4-bit g64" in s["target"] and "4-bit draft" in s["target"]
     (arm,) = res["cases"][0]["arms"].values()
     assert arm["token_match"]["equal_pct"] == 100.0
+
+
+def test_cli_draft_quantize_list_runs_an_arm_per_choice(tmp_path):
+    """`--draft-quantize none,4`: the engine arm once on the draft as built and
+    once on its 4-bit copy, in the same run, each named so, both the target's
+    own output; and an unknown choice is a one-line error."""
+    cli.main(
+        "--shape tiny-qwen3 --peaked --dtype float32 --draft engine "
+        "--draft-quantize none,4 --tau 3 --suites code --prompts-per-suite 1 "
+        "--max-tokens 12 --repeats 1 --cooldown 0 --block-size 4 --no-profile --no-png "
+        f"--out {tmp_path / 'q'}".split()
+    )
+    res = json.loads((tmp_path / "q.json").read_text())
+    assert res["settings"]["draft_quantize"] == [None, 4]
+    arms = res["cases"][0]["arms"]
+    assert list(arms) == ["engine τ=3 unquantized draft", "engine τ=3 4-bit draft"]
+    for arm in arms.values():
+        assert arm["token_match"]["equal_pct"] == 100.0
+    with pytest.raises(SystemExit):
+        cli.main(["--draft-quantize", "3", "--draft", "lookup"])
 
 
 def test_cli_quantize_needs_a_shape(capsys):
@@ -509,3 +529,28 @@ def test_png_draws_only_panels_the_run_varies(tmp_path):
     assert panels(one) == ["Speeds", "Acceptance"]
     varied = one + [_case("code", 900, 128, 1.0, ["a", "b"])]
     assert panels(varied) == ["Speeds", "Acceptance", "Lengths", "Contexts", "Temperatures"]
+
+
+def test_cli_warm_up_warms_every_speculative_arm_first(tmp_path, monkeypatch):
+    """`--warm-up` runs `serve`'s warm-up on each speculative arm (with every
+    --temp setting) before the first case, and the runs still match stock."""
+    calls = []
+    real = cli.warm_up
+
+    def spy(target, drafter, block, settings, **kw):
+        calls.append((type(drafter).__name__, block, [s.temperature for s in settings]))
+        return real(target, drafter, block, settings, **kw)
+
+    monkeypatch.setattr(cli, "warm_up", spy)
+    cli.main(
+        "--shape tiny-qwen3 --peaked --dtype float32 --draft engine,lookup --warm-up "
+        "--tau 3 --temp 1.0,0 --suites code --prompts-per-suite 1 --max-tokens 12 "
+        "--repeats 1 --cooldown 0 --block-size 4 --no-profile --no-png "
+        f"--out {tmp_path / 'w'}".split()
+    )
+    assert calls == [("EngineDrafter", 4, [1.0, 0.0]), ("PromptLookupDrafter", 4, [1.0, 0.0])]
+    res = json.loads((tmp_path / "w.json").read_text())
+    assert res["settings"]["warm_up"] is True
+    greedy = [c for c in res["cases"] if c["sampling"]["temperature"] == 0.0]
+    for arm in greedy[0]["arms"].values():
+        assert arm["token_match"]["equal_pct"] == 100.0

@@ -353,7 +353,9 @@ def test_cli_sharded_extended_data_and_init(tmp_path):
         + (train + " --steps 1 --lr 0").split()
     )
     a, b = (load_draft(tmp_path / d).parameters() for d in ("d1", "d2"))
+    Dataset.from_lists([], []).save(tmp_path / "empty.npz")
     for bad, words in (
+        (["--data", str(tmp_path / "empty.npz")], "no training sequences"),
         (["--gen-shard", "2/2"], "0 <= K < N"),
         (["--gen-shard", "x"], "0 <= K < N"),
         (["--data", str(tmp_path / "none.npz")], "no such file"),

@@ -22,6 +22,9 @@
 #   mlx_dflash/default_draft/model.safetensors), config.json, eval.json and run.tar (report,
 #   logs). If call 1 dies mid-training, call 2 resumes from the last checkpoint.
 #
+# Or ONE call: `... GGUF once` generates, trains until PACK_SECONDS + 25 s before CALL_SECONDS
+# and packs, without the eval (TRAIN_SECONDS sizes the schedule: set it to the training left).
+#
 # Generation and training use a float16 dequantized copy of the target; tau is measured on the
 # quantized GGUF itself. CPU dry run of both calls (real GGUF, tiny scale):
 #   BLAS=auto DTYPE=float32 EVAL_DTYPE=float32 NATURAL=12 WIDE=4 LONG=2 LONG_TOKENS=600,1200 \
@@ -29,8 +32,8 @@
 #   EVAL_ARGS="--eval-natural 1 --eval-contexts 1024 --eval-context-prompts 1 --eval-sampled-natural 1 --eval-prompts 1 --eval-max-tokens 16" \
 #   RUN=/tmp/dry OUT=/tmp/dry/out PYTHON=.venv/bin/python bash bench/scripts/train_gpu_natural.sh GGUF 1|2
 set -euo pipefail
-gguf=${1:?usage: train_gpu_natural.sh GGUF 1|2}
-call=${2:?usage: train_gpu_natural.sh GGUF 1|2}
+gguf=${1:?usage: train_gpu_natural.sh GGUF 1|2|once}
+call=${2:?usage: train_gpu_natural.sh GGUF 1|2|once}
 t0=$(date +%s)
 run=${RUN:-/tmp/dflash-natural}
 out=${OUT:-$run/out}
@@ -47,6 +50,8 @@ BLAS=${BLAS:-default}
 export PYTHONUNBUFFERED=1
 export MLX_ENABLE_TF32=${MLX_ENABLE_TF32:-1}
 left() { echo $((CALL_SECONDS - ($(date +%s) - t0) - ${1:-0})); }
+# --batch-tokens 12288: at 24576 (three 8k sequences a batch) MLX CUDA 0.32.4 died within 50 steps
+# with "an illegal memory access" (bench/results/train-natural-train-crash.log); 12288 ran 2,164.
 common=(--model "$gguf" --seed 0 --dtype "$DTYPE" --max-new-tokens "${MAX_NEW:-256}" --prompt-set natural)
 
 train() {
@@ -55,21 +60,39 @@ train() {
   n=$(find "$out" -name "train*.log" | wc -l)
   $PYTHON -m mlx_dflash.cli --blas "$BLAS" train "${common[@]}" \
     --out "$run/draft" --data "$run/gen/data.npz" --init "$INIT" "${resume[@]}" \
-    --batch-size "${BATCH:-16}" --anchors "${ANCHORS:-192}" --batch-tokens "${BATCH_TOKENS:-24576}" \
+    --batch-size "${BATCH:-16}" --anchors "${ANCHORS:-192}" --batch-tokens "${BATCH_TOKENS:-12288}" \
     --max-len "${MAX_LEN:-8192}" --lr "${LR:-3e-4}" --warmup "${WARMUP:-100}" \
     --steps "${STEPS:-100000}" --time-budget "$TRAIN_SECONDS" --save-every "${SAVE_EVERY:-200}" \
     --report-every "${REPORT_EVERY:-50}" --eval-prompts 0 --stop-seconds "$1" 2>&1 | tee "$out/train$n.log"
 }
 
-case $call in
-1)
+generate() {
   # Recorded mix: 14k natural + 4k wide + 1.2k long transcripts, a quarter sampled at T 1.0.
   $PYTHON -m mlx_dflash.cli --blas "$BLAS" train "${common[@]}" --out "$run/gen" --gen-only \
     --natural-prompts "${NATURAL:-14000}" --wide-prompts "${WIDE:-4000}" --long-prompts "${LONG:-1200}" \
     --long-tokens "${LONG_TOKENS:-1024,7552}" --sampled-share "${SAMPLED:-0.25}" --sample-temperature 1.0 \
     --gen-batch "${GEN_BATCH:-1024}" --gen-batch-tokens "${GEN_TOKENS:-786432}" \
     --gen-time-budget "$GEN_SECONDS" 2>&1 | tee "$out/gen.log"
+}
+
+pack() {
+  cp "$run/draft/config.json" "$out/"
+  cp "$run/draft/report.json" "$run/gen/report.json" "$out/" 2>/dev/null || true
+  (cd "$out" && tar cf run.tar --remove-files ./*.log ./report.json 2>/dev/null || true)
+  split -b 15M "$run/draft/model.safetensors" "$out/model.safetensors.part-"
+  ls -l "$out"
+}
+
+case $call in
+1)
+  generate
   train "$(left 25)"
+  ;;
+once)
+  # One call: generate, train until the pack's time, pack; no eval (run it elsewhere).
+  generate
+  train "$(left $((PACK_SECONDS + 25)))"
+  pack
   ;;
 2)
   train "$(left $((EVAL_SECONDS + PACK_SECONDS + 25)))"
@@ -82,14 +105,10 @@ case $call in
     ${EVAL_ARGS:---eval-context-prompts 3 --eval-sampled-natural 3 --eval-sampled-context 1 --eval-prompts 24 --eval-max-tokens 128} \
     > /dev/null 2> "$out/eval.log" || tail -n 5 "$out/eval.log"
   tail -n 12 "$out/eval.log"
-  cp "$run/draft/config.json" "$out/"
-  cp "$run/draft/report.json" "$run/gen/report.json" "$out/" 2>/dev/null || true
-  (cd "$out" && tar cf run.tar --remove-files ./*.log ./report.json 2>/dev/null || true)
-  split -b 15M "$run/draft/model.safetensors" "$out/model.safetensors.part-"
-  ls -l "$out"
+  pack
   ;;
 *)
-  echo "call must be 1 or 2" >&2
+  echo "call must be 1, 2 or once" >&2
   exit 2
   ;;
 esac

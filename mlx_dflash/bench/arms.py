@@ -69,10 +69,10 @@ def load(args):
         label = model_name(args.model)
         build, shape, layers = draft_for_target, target.model, 1
         draft_dtype = dtype or mx.float32
-    if args.draft_quantize:
-        label += f", {args.draft_quantize}-bit draft"
+    if args.draft_quantize[0] and len(args.draft_quantize) == 1:
+        label += f", {args.draft_quantize[0]}-bit draft"
 
-    def make():
+    def make(bits=None):
         draft = build(
             shape,
             target.num_layers,
@@ -80,8 +80,8 @@ def load(args):
             block_size=block_size_for(args.block_size, None),
             dtype=draft_dtype,
         )
-        if args.draft_quantize:
-            quantize_draft(draft, args.draft_quantize, group_size=args.group_size)
+        if bits:
+            quantize_draft(draft, bits, group_size=args.group_size)
         return draft
 
     return target, tokenizer, label, make
@@ -110,30 +110,8 @@ def make_arms(args, target, vocab, make_draft):
         if spec == "lookup":
             arms.append(Arm("lookup", lambda ref: PromptLookupDrafter(), block))
         elif spec == "engine":
-            draft = make_draft()
-            target.set_capture_layers(draft.args.target_layer_ids)
-            for tau in args.tau:
-
-                def make(ref, tau=tau):
-                    return make_engine_drafter(
-                        draft,
-                        target,
-                        ref,
-                        tau=tau,
-                        block_size=block,
-                        vocab_size=vocab,
-                        seed=args.seed,
-                    )
-
-                arms.append(
-                    Arm(
-                        f"engine τ={tau:g}",
-                        make,
-                        block,
-                        tau_target=tau,
-                        calibrate=True,
-                    )
-                )
+            for bits in args.draft_quantize:
+                arms += _engine_arms(args, target, vocab, make_draft(bits), bits, block)
         elif spec.startswith(ZLAB):
             arms.append(make_zlab_arm(spec, args, lambda: stock_model(args)))
         else:
@@ -181,6 +159,31 @@ def make_arms(args, target, vocab, make_draft):
                 for choice in (choices if arm.run is None else choices[:1])
             ]
     return arms
+
+
+def _engine_arms(args, target, vocab, draft, bits, block):
+    """One engine arm per `--tau` on `draft`; named after its quantization when
+    `--draft-quantize` lists several choices."""
+    target.set_capture_layers(draft.args.target_layer_ids)
+    which = ""
+    if len(args.draft_quantize) > 1:
+        which = f" {bits}-bit draft" if bits else " unquantized draft"
+
+    def make(ref, tau):
+        return make_engine_drafter(
+            draft, target, ref, tau=tau, block_size=block, vocab_size=vocab, seed=args.seed
+        )
+
+    return [
+        Arm(
+            f"engine τ={tau:g}{which}",
+            lambda ref, tau=tau: make(ref, tau),
+            block,
+            tau_target=tau,
+            calibrate=True,
+        )
+        for tau in args.tau
+    ]
 
 
 def _then(setup, switch, on):

@@ -21,6 +21,7 @@ from ..distributed import World
 from ..fallback import POLICY_HELP
 from ..load import one_line_errors
 from ..sampling import SamplingParams
+from ..warmup import PROMPT_TOKENS, warm_up
 from . import report
 from .arms import load, make_arms
 from .runner import Case, run_case
@@ -34,6 +35,16 @@ def _floats(s):
 
 def _ints(s):
     return [int(x) for x in s.split(",") if x]
+
+
+def _draft_bits(s):
+    """`--draft-quantize`: a comma list of 4, 8 or none (the draft as built)."""
+    out = []
+    for x in s.split(","):
+        if x not in ("4", "8", "none"):
+            raise argparse.ArgumentTypeError(f"{x!r} is not 4, 8 or none")
+        out.append(None if x == "none" else int(x))
+    return out
 
 
 def _names(s):
@@ -72,10 +83,11 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--draft-quantize",
-        type=int,
-        choices=(4, 8),
-        help="quantize the engine arms' random DFlash draft to this many bits "
-        "(checkpoint drafts: append @q4 / @q8 to the path)",
+        type=_draft_bits,
+        default=[None],
+        help="quantize the engine arms' random DFlash draft to this many bits; a "
+        "comma list (none,4) runs every engine arm once per choice, alternating "
+        "within each case (checkpoint drafts: append @q4 / @q8 to the path)",
     )
     p.add_argument(
         "--draft",
@@ -168,6 +180,14 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument(
         "--no-profile", action="store_true", help="skip the per-part cycle profile"
     )
+    p.add_argument(
+        "--warm-up",
+        action="store_true",
+        help="before the first case, warm every speculative arm as `serve` does before "
+        "it reports ready (one short generation per --temp value, its sampling steps "
+        "at every block shape): the JSON's cold runs are then the first requests a "
+        "warmed server answers",
+    )
     p.add_argument("--no-png", action="store_true")
     p.add_argument(
         "--temp",
@@ -244,6 +264,11 @@ def run(args, argv) -> dict:
     target, tokenizer, label, make_draft = load(args)
     vocab = target.embed_tokens.weight.shape[0]
     arms = make_arms(args, target, vocab, make_draft)
+    if args.warm_up:
+        for arm in (a for a in arms if a.run is None):
+            # An engine arm's oracle needs a continuation; any tokens do here.
+            drafter = arm.start(list(range(1, PROMPT_TOKENS + 4 * arm.block_size)))
+            warm_up(target, drafter, arm.block_size, samplings)
     cases = []
     for suite in args.suites:
         for pid, ids in suite_prompts(

@@ -342,6 +342,9 @@ def main(argv=None):
     )
     if a.gen_only:
         return report
+    if len(data) == 0:
+        # Generation that produced nothing (its time budget spent on loading, say).
+        raise SystemExit(f"error: {data_path}: no training sequences (generate more first)")
 
     if (a.resume and (out / "config.json").is_file()) or a.init:
         from ..draft import load_draft
