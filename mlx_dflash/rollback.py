@@ -83,3 +83,68 @@ def _replay_delta(taps: DeltaTaps, c, state0: mx.array, n: int, verified: int):
         ops=None if steps is None else steps.ops,
     )
     c[1] = state
+
+
+def rollback_rows(
+    cache: List[Any],
+    delta_taps: Dict[int, DeltaTaps],
+    saved: Dict[int, mx.array],
+    *,
+    verified: int,
+    kept: List[int],
+):
+    """A batch's `rollback` (ragged.py's caches): row b keeps only the first
+    kept[b] of the `verified` positions every row ran."""
+    assert all(0 <= k <= verified for k in kept)
+    drops = [verified - k for k in kept]
+    if not any(drops):
+        return
+    for i, c in enumerate(cache):
+        if i in delta_taps:
+            _replay_delta_rows(delta_taps[i], c, saved[i], kept, verified)
+        else:
+            c.trim_rows(drops)
+
+
+def _replay_delta_rows(taps: DeltaTaps, c, state0, kept: List[int], verified: int):
+    la = taps.layer
+    n = mx.array(kept)
+    conv_in = taps.conv._capture.inputs  # (B, K-1+verified, C)
+    k1 = la.conv_kernel_size - 1
+    cols = (n[:, None] + mx.arange(k1))[..., None]
+    c[0] = mx.take_along_axis(conv_in, cols, axis=1)
+
+    steps = getattr(la, "step_states", None)
+    kept_states = None if steps is None else steps.states
+    if steps is not None:
+        steps.states = None
+    longest = max(kept)
+    if longest == 0:
+        c[1] = state0
+        return
+    if kept_states is not None and len(kept_states) == verified:
+        # Each row's state after its own last kept step (the pre-verify one at 0).
+        every = mx.concatenate([state0[None], kept_states])
+        c[1] = mx.stack([every[k, b] for b, k in enumerate(kept)])
+        return
+
+    # One replay of the longest kept run; a row's later steps are masked,
+    # which leaves its state as it was after its own last kept step.
+    q, k, v = recurrence_inputs(la, nn.silu(taps.conv._capture.outputs[:, :longest]))
+    a = taps.a._capture.outputs[:, :longest]
+    b = taps.b._capture.outputs[:, :longest]
+    mask = mx.arange(longest)[None] < n[:, None]
+    _, state = gated_delta(
+        q,
+        k,
+        v,
+        a,
+        b,
+        la.A_log,
+        la.dt_bias,
+        state0,
+        mask,
+        use_kernel=not la.training,
+        ops=None if steps is None else steps.ops,
+    )
+    c[1] = state

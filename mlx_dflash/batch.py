@@ -1,0 +1,166 @@
+"""Batched speculative decoding: several requests verified in one target forward.
+
+Each row is a request with its own `Decoding` (decode.py): its drafter, PRNG
+key, sampling settings, stop tokens, `max_tokens`, fallback and stats. A cycle
+drafts for every row (one drafter call per row), verifies every row's
+`[anchor, draft]` in ONE target forward over a `RaggedCache` (ragged.py; rows
+with shorter blocks are padded at the end), reads every row's acceptance in
+one host sync, and rolls each row back to its own kept length
+(`rollback_rows`). Rows join between cycles after a prefill of their own (the
+one-row `prefill`, then their caches become a row of the batch) and leave when
+done or when the caller lets them go. A row's tokens are its solo
+`generate_step`'s: greedy token for token, sampled with the same draws for the
+same seed (the row's key is split exactly as the solo run splits it).
+
+Block kernels (kernels/) stay on the one-row path: they decline inputs of more
+than one row (`kernels.attention.is_block`, flash.py's `applies`).
+"""
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
+
+import mlx.core as mx
+
+from .decode import Decoding, prefill
+from .drafters import Drafter
+from .fallback import Fallback
+from .ragged import RaggedCache
+from .rollback import rollback_rows, snapshot
+from .sampling import SamplingParams
+from .stats import SpecStats
+from .target import Target
+
+PAD = 0  # the token of a short block's padding positions (their outputs are unused)
+
+
+@dataclass(eq=False)
+class Row:
+    """One request in a `Batch`; `tag` is the caller's."""
+
+    decoding: Decoding
+    tag: Any = None
+
+    @property
+    def done(self) -> bool:
+        return self.decoding.done
+
+
+class Batch:
+    """Rows decoded together, one verify forward per cycle (module docstring).
+
+    Args:
+        target: the target model adapter, shared by every row.
+        prefill_step_size: prompt chunk size of a joining row's prefill.
+    """
+
+    def __init__(self, target: Target, *, prefill_step_size: int = 2048):
+        self.target = target
+        self.prefill_step_size = prefill_step_size
+        self.cache = RaggedCache()
+        self.rows: List[Row] = []
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def join(
+        self,
+        prompt: Sequence[int],
+        drafter: Drafter,
+        *,
+        sampling: Optional[SamplingParams] = None,
+        block_size: int = 16,
+        max_tokens: int = 256,
+        stop_tokens: Iterable[int] = (),
+        logprobs: Optional[int] = None,
+        fallback: Optional[Fallback] = None,
+        stats: Optional[SpecStats] = None,
+        cache: Optional[List[Any]] = None,
+        cached: int = 0,
+        should_stop: Optional[Callable[[], bool]] = None,
+        tag: Any = None,
+    ) -> Tuple[Row, tuple]:
+        """Prefill `prompt` alone, then decode it with the batch.
+
+        The options are `generate_step`'s; `drafter` is this row's own (a
+        drafter holds one sequence's context). `cache` (a one-row cache
+        holding `prompt[:cached]`, default a fresh one) is taken over by the
+        batch. Returns the row and its first token as `generate_step` yields
+        it; a row done after that token (a stop, `max_tokens` 1) does not join.
+        """
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        d = Decoding(
+            self.target,
+            self.target.make_cache() if cache is None else cache,
+            drafter,
+            sampling=sampling or SamplingParams(),
+            block_size=block_size,
+            max_tokens=max_tokens,
+            stop_tokens=stop_tokens,
+            logprobs=logprobs,
+            fallback=fallback,
+            stats=SpecStats(block_size) if stats is None else stats,
+        )
+        logits = prefill(
+            self.target,
+            d.cache,
+            drafter,
+            prompt,
+            step_size=self.prefill_step_size,
+            cached=cached,
+            should_stop=should_stop,
+        )
+        first = d.first_token(logits)
+        row = Row(d, tag)
+        if not d.done:
+            self.cache.add(d.cache)
+            d.cache = None  # the batch holds it now
+            self.rows.append(row)
+        return row, first
+
+    def step(self) -> List[Tuple[Row, List[tuple]]]:
+        """One cycle of every row; returns each row's new outputs (as
+        `generate_step` yields them). Rows done after it have left."""
+        assert self.rows, "an empty batch has no cycle"
+        rows = self.rows
+        cycles = [r.decoding.propose() for r in rows]
+        width = max(1 + c.draft.size for c in cycles)
+        blocks = []
+        for r, c in zip(rows, cycles):
+            pad = mx.full((width - 1 - c.draft.size,), PAD, mx.uint32)
+            blocks.append(
+                mx.concatenate([mx.array([r.decoding.y], mx.uint32), c.draft, pad])
+            )
+        layers, taps = self.cache.layers, self.target.delta_taps
+        saved = snapshot(layers, taps)
+        logits, features = self.target.forward(mx.stack(blocks), layers, flush=True)
+        judged = [
+            r.decoding.judge(c, logits[b, : 1 + c.draft.size])
+            for b, (r, c) in enumerate(zip(rows, cycles))
+        ]
+        mx.eval(judged)  # the one host sync
+        verdicts = [r.decoding.verdict(c, j) for r, c, j in zip(rows, cycles, judged)]
+        kept = [len(v.tokens) for v in verdicts]
+        rollback_rows(layers, taps, saved, verified=width, kept=kept)
+        out = []
+        for b, (r, c, v) in enumerate(zip(rows, cycles, verdicts)):
+            r.decoding.record(c, v, None if features is None else features[b : b + 1])
+            out.append((r, list(r.decoding.hand_out(v))))
+        self._drop([r for r in rows if r.done])
+        return out
+
+    def leave(self, row: Row) -> List[Any]:
+        """`row` leaves the batch (a cancel); returns its caches as a one-row
+        cache list holding `prompt + output[:-1]`, as plain decoding would."""
+        solo = self.cache.row(self.rows.index(row))
+        self._drop([row])
+        return solo
+
+    def _drop(self, gone: List[Row]):
+        if not gone:
+            return
+        stay = [b for b, r in enumerate(self.rows) if r not in gone]
+        self.cache.keep(stay)
+        self.rows = [self.rows[b] for b in stay]
