@@ -348,7 +348,8 @@ class Decoding:
         """Caches keep anchor + tokens[:-1]; the drafter gets those positions'
         features; the stats and the fallback hear how the cycle went."""
         m = len(v.tokens)
-        rollback(self.cache, self.target.delta_taps, saved, verified=v.drafted + 1, kept=m)
+        verified = v.drafted + 1
+        rollback(self.cache, self.target.delta_taps, saved, verified=verified, kept=m)
         self.record(cycle, v, features)
         self.pending, self.saved, self.held, self.handed = None, saved, m, 0
 

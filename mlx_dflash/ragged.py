@@ -46,7 +46,8 @@ class RaggedKVCache:
         pad = cap - self.keys.shape[2]
         if pad > 0:
             widths = [(0, 0), (0, 0), (0, pad), (0, 0)]
-            self.keys, self.values = mx.pad(self.keys, widths), mx.pad(self.values, widths)
+            self.keys = mx.pad(self.keys, widths)
+            self.values = mx.pad(self.values, widths)
 
     def update_and_fetch(self, keys, values):
         n = keys.shape[2]
