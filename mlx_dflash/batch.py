@@ -16,8 +16,9 @@ Block kernels (kernels/) stay on the one-row path: they decline inputs of more
 than one row (`kernels.attention.is_block`, flash.py's `applies`).
 """
 
+from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Iterable, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 
@@ -25,12 +26,13 @@ from .decode import Decoding, prefill
 from .drafters import Drafter
 from .fallback import Fallback
 from .ragged import RaggedCache
-from .rollback import rollback_rows, snapshot
+from .rollback import rollback_row, rollback_rows, snapshot
 from .sampling import SamplingParams
 from .stats import SpecStats
 from .target import Target
 
 PAD = 0  # the token of a short block's padding positions (their outputs are unused)
+WAIT = "wait"  # what `Batch.steps` yields while its row waits for the next cycle
 
 
 @dataclass(eq=False)
@@ -39,6 +41,11 @@ class Row:
 
     decoding: Decoding
     tag: Any = None
+    # The latest cycle's outputs not yet taken by the reader of `steps`
+    # (None: a row joined by `join`, whose caller takes `step`'s return).
+    outbox: Optional[Deque[tuple]] = None
+    final: Optional[List[Any]] = None  # its caches, once done and gone
+    last: Tuple[int, int] = (0, 0)  # (batch row, positions kept) of its latest cycle
 
     @property
     def done(self) -> bool:
@@ -58,6 +65,10 @@ class Batch:
         self.prefill_step_size = prefill_step_size
         self.cache = RaggedCache()
         self.rows: List[Row] = []
+        self.cycles = 0
+        # The latest verify's pre-verify states and width (a row taken out
+        # part way through its outputs is rolled back from them).
+        self._saved, self._width = {}, 0
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -144,12 +155,80 @@ class Batch:
         verdicts = [r.decoding.verdict(c, j) for r, c, j in zip(rows, cycles, judged)]
         kept = [len(v.tokens) for v in verdicts]
         rollback_rows(layers, taps, saved, verified=width, kept=kept)
+        self._saved, self._width = saved, width
+        self.cycles += 1
         out = []
         for b, (r, c, v) in enumerate(zip(rows, cycles, verdicts)):
             r.decoding.record(c, v, None if features is None else features[b : b + 1])
-            out.append((r, list(r.decoding.hand_out(v))))
+            outputs = list(r.decoding.hand_out(v))
+            if r.outbox is not None:
+                assert not r.outbox, "a row's outputs were not taken before a cycle"
+                r.outbox.extend(outputs)
+            r.last = (b, kept[b])
+            if r.done:
+                r.final = self.cache.row(b)
+            out.append((r, outputs))
         self._drop([r for r in rows if r.done])
         return out
+
+    def steps(
+        self,
+        target: Target,
+        prompt: Sequence[int],
+        drafter: Drafter,
+        *,
+        cache: Optional[List[Any]] = None,
+        **options,
+    ):
+        """A row of this batch behind `generate_step`'s signature and yields.
+
+        Between its outputs it yields `WAIT` while the row waits for the
+        batch's next cycle; the caller runs `step()` once every row it drives
+        waits (or is done), and takes each row's outputs before the next one.
+        `cache` (a list) holds `prompt + output[:-1]` when the generator ends
+        or is closed, as `generate_step` leaves it: the row leaves the batch
+        and its caches go back into that list.
+        """
+        assert target is self.target, "a batch decodes for its own target"
+        cache = self.target.make_cache() if cache is None else cache
+        row, first = self.join(prompt, drafter, cache=cache, **options)
+        row.outbox = deque()
+        try:
+            yield first
+            while True:
+                while row.outbox:
+                    yield row.outbox.popleft()
+                if row.done or row not in self.rows:
+                    return
+                yield WAIT
+        finally:
+            self._settle(row, cache)
+
+    def _settle(self, row: Row, cache: List[Any]):
+        """`row` leaves; `cache` gets its caches, less the outputs not taken."""
+        if row in self.rows:
+            solo = self.leave(row)
+        elif row.final is not None:
+            solo = row.final
+        else:
+            return  # done at its first token: `cache` is its prefill's
+        untaken = len(row.outbox)
+        if untaken:
+            # They came from the latest cycle (`step` asserts it): its
+            # captures and snapshot are still the batch's latest.
+            b, held = row.last
+            rollback_row(
+                solo,
+                self.target.delta_taps,
+                self._saved,
+                row=b,
+                verified=self._width,
+                held=held,
+                kept=held - untaken,
+            )
+            row.decoding.drafter.trim(untaken)
+            row.outbox.clear()
+        cache[:] = solo
 
     def leave(self, row: Row) -> List[Any]:
         """`row` leaves the batch (a cancel); returns its caches as a one-row

@@ -48,9 +48,36 @@ def rollback(
             c.trim(drop)
 
 
-def _replay_delta(taps: DeltaTaps, c, state0: mx.array, n: int, verified: int):
+def rollback_row(
+    cache: List[Any],
+    delta_taps: Dict[int, DeltaTaps],
+    saved: Dict[int, mx.array],
+    *,
+    row: int,
+    verified: int,
+    held: int,
+    kept: int,
+):
+    """Row `row` of a batch's latest verify, taken out as the one-row `cache`
+    holding `held` of its `verified` positions, keeps only `kept` of them
+    (a caller that stopped part way through the row's tokens)."""
+    assert 0 <= kept <= held <= verified
+    if kept == held:
+        return
+    rows = slice(row, row + 1)
+    for i, c in enumerate(cache):
+        if i in delta_taps:
+            _replay_delta(delta_taps[i], c, saved[i][rows], kept, verified, rows)
+        else:
+            c.trim(held - kept)
+
+
+def _replay_delta(
+    taps: DeltaTaps, c, state0: mx.array, n: int, verified: int, rows=slice(None)
+):
+    """`rows`: the batch rows of the captures that `c` holds (all of them)."""
     la = taps.layer
-    conv_in = taps.conv._capture.inputs  # [old conv state ; verify inputs]
+    conv_in = taps.conv._capture.inputs[rows]  # [old conv state ; verify inputs]
     k1 = la.conv_kernel_size - 1
     c[0] = mx.contiguous(conv_in[:, n : n + k1])
 
@@ -63,12 +90,13 @@ def _replay_delta(taps: DeltaTaps, c, state0: mx.array, n: int, verified: int):
         c[1] = state0
         return
     if kept_states is not None and len(kept_states) == verified:
-        c[1] = kept_states[n - 1]
+        c[1] = kept_states[n - 1][rows]
         return
 
-    q, k, v = recurrence_inputs(la, nn.silu(taps.conv._capture.outputs[:, :n]))
-    a = taps.a._capture.outputs[:, :n]
-    b = taps.b._capture.outputs[:, :n]
+    conv_out = taps.conv._capture.outputs[rows, :n]
+    q, k, v = recurrence_inputs(la, nn.silu(conv_out))
+    a = taps.a._capture.outputs[rows, :n]
+    b = taps.b._capture.outputs[rows, :n]
     _, state = gated_delta(
         q,
         k,

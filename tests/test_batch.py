@@ -26,7 +26,7 @@ from mlx_lm.generate import generate_step as stock_generate_step
 from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 from models import VOCAB, tiny_model
 
-from mlx_dflash.batch import Batch
+from mlx_dflash.batch import WAIT, Batch
 from mlx_dflash.decode import generate_step
 from mlx_dflash.drafters import DFlashDrafter, OracleDrafter, PromptLookupDrafter
 from mlx_dflash.fallback import Fallback
@@ -142,6 +142,71 @@ def test_caches_after_rollback_equal_autoregressive(family):
                 for x, y in zip(a.cache, b.cache):
                     assert x.shape == y.shape and x.dtype == y.dtype
                     assert np.array_equal(np.array(x), np.array(y)), (i, j)
+
+
+def cooperate(batch, gens, close_after):
+    """Drive `Batch.steps` generators as a server would: each runs until it
+    waits, then one batched cycle. `close_after`: {tag: n} closes that one
+    after its n-th token (a client gone mid-cycle)."""
+    out = {tag: [] for tag in gens}
+    live = dict(gens)
+    while live:
+        for tag, steps in list(live.items()):
+            for item in steps:
+                if item is WAIT:
+                    break
+                out[tag].append(item[0])
+                if close_after.get(tag) == len(out[tag]):
+                    steps.close()
+                    del live[tag]
+                    break
+            else:
+                del live[tag]
+        if batch.rows:
+            batch.step()
+    return out
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+def test_steps_leave_caches_as_generate_step_does(family):
+    """A row closed part way through a cycle's tokens, and rows run to their
+    end, hand back caches holding prompt + output[:-1] (difference 0)."""
+    model = model_of(family)
+    target = Target(model)
+    batch = Batch(target)
+    prompts = {"cut": prompt(60, 9), "end": prompt(61, 15), "stop": prompt(62, 4)}
+    refs = {t: stock(model, p, 30) for t, p in prompts.items()}
+    caches = {t: target.make_cache() for t in prompts}
+    stop = refs["stop"][6]
+    gens = {
+        t: batch.steps(
+            target,
+            p,
+            OracleDrafter(p + refs[t], vocab_size=VOCAB),  # every draft right
+            cache=caches[t],
+            max_tokens=30,
+            block_size=8,
+            stop_tokens=[stop] if t == "stop" else (),
+        )
+        for t, p in prompts.items()
+    }
+    # First token from the prefill, then 8 per cycle: 12 is mid-cycle.
+    out = cooperate(batch, gens, close_after={"cut": 12})
+    assert out["cut"] == refs["cut"][:12] and out["end"] == refs["end"]
+    assert out["stop"] == refs["stop"][: refs["stop"].index(stop) + 1]
+    assert not batch.rows
+    for t, p in prompts.items():
+        ref = autoregressive_cache(model, p, out[t][:-1])
+        for a, b in zip(caches[t], ref):
+            assert type(a) is type(b)
+            if isinstance(b, KVCache):
+                assert a.offset == b.offset == len(p) + len(out[t]) - 1, t
+                xs = [x[..., : a.offset, :] for x in a.state[:2]]
+                ys = [y[..., : b.offset, :] for y in b.state[:2]]
+            else:
+                xs, ys = a.cache, b.cache
+            for x, y in zip(xs, ys):
+                assert np.array_equal(np.array(x), np.array(y)), t
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
