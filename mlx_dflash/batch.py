@@ -87,6 +87,7 @@ class Batch:
         stats: Optional[SpecStats] = None,
         cache: Optional[List[Any]] = None,
         cached: int = 0,
+        prefill_step_size: Optional[int] = None,
         should_stop: Optional[Callable[[], bool]] = None,
         tag: Any = None,
     ) -> Tuple[Row, tuple]:
@@ -97,6 +98,7 @@ class Batch:
         holding `prompt[:cached]`, default a fresh one) is taken over by the
         batch. Returns the row and its first token as `generate_step` yields
         it; a row done after that token (a stop, `max_tokens` 1) does not join.
+        `prefill_step_size` overrides the batch's for this prompt.
         """
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -119,7 +121,7 @@ class Batch:
             d.cache,
             drafter,
             prompt,
-            step_size=self.prefill_step_size,
+            step_size=prefill_step_size or self.prefill_step_size,
             cached=cached,
             should_stop=should_stop,
         )
