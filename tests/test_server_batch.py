@@ -39,11 +39,17 @@ def bsrv():
 
 
 def messages(q):
-    return [{"role": "system", "content": "You are terse."}, {"role": "user", "content": q}]
+    return [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": q},
+    ]
 
 
 def test_concurrent_requests_return_their_solo_outputs(bsrv):
-    want = [expected(bsrv, chat_prompt(bsrv, messages(q)), 40 + 8 * i) for i, q in enumerate(QUESTIONS)]
+    want = [
+        expected(bsrv, chat_prompt(bsrv, messages(q)), 40 + 8 * i)
+        for i, q in enumerate(QUESTIONS)
+    ]
     bsrv.sizes.clear()
     gone = threading.Event()
 

@@ -5,6 +5,7 @@ Examples:
   mlx-dflash bench --shape qwen3-8b --draft engine --tau 4,6.5,9   # random 8B shape
   mlx-dflash bench --draft path/to/draft --temp 0,0.7,1.0            # τ per temperature
   mlx-dflash bench --draft DIR,zlab:DIR      # ours beside z-lab's reference loop
+  mlx-dflash bench --draft lookup --concurrency 1,2,4   # C requests at once
   mlx.launch -n 2 --backend ring -- mlx-dflash bench --shape tiny-qwen3.5 --draft lookup
                                     # target split across ranks; rank 0 reports
 """
@@ -135,6 +136,15 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument(
+        "--concurrency",
+        type=_ints,
+        default=None,
+        help="comma list of request counts decoded at once (e.g. 1,2,4): per arm, "
+        "stock mlx_lm's BatchGenerator, our one-at-a-time loop and our batched "
+        "verify on the same C prompts (the suites' prompts in turn, the first "
+        "--max-tokens each, greedy): aggregate and per-stream tok/s, TTFT",
+    )
+    p.add_argument(
         "--cooldown",
         type=float,
         default=1.0,
@@ -257,6 +267,8 @@ def run(args, argv) -> dict:
             for n in args.max_tokens:
                 for sp in samplings:
                     cases.append(Case(suite, pid, ids, n, sp))
+    if args.concurrency:
+        return _run_concurrency(args, target, label, arms, cases)
     per_case = (
         1 + len(arms) + (0 if args.no_profile else 1) + args.repeats * (len(arms) + 1)
     )
@@ -310,6 +322,58 @@ def run(args, argv) -> dict:
     return results
 
 
+def _run_concurrency(args, target, label, arms, cases) -> dict:
+    from .concurrency import run_concurrency
+
+    if args.world.size > 1:
+        raise ValueError("--concurrency is not supported under mlx.launch")
+    if any(c < 1 for c in args.concurrency):
+        raise ValueError(f"--concurrency: counts must be >= 1, got {args.concurrency}")
+    n = args.max_tokens[0]
+    seen, prompts = set(), []
+    for c in cases:
+        if c.max_tokens == n and tuple(c.prompt) not in seen:
+            seen.add(tuple(c.prompt))
+            prompts.append(c)
+    total = len(args.concurrency) * len(arms) * 3 * (args.repeats + 1)
+    step, stop = _progress(total)
+    try:
+        results = run_concurrency(
+            target,
+            prompts,
+            arms,
+            args.concurrency,
+            repeats=args.repeats,
+            prefill_step=args.prefill_step_size,
+            cooldown=args.cooldown,
+            on_run=step,
+        )
+    finally:
+        stop()
+    settings = {k: v for k, v in vars(args).items() if k != "world"}
+    settings.update(
+        target=label, arms=[a.name for a in arms], eos="off (fixed lengths)"
+    )
+    return {
+        "title": args.title or f"mlx-dflash bench --concurrency: {label}",
+        "settings": settings,
+        "environment": report.environment(),
+        "concurrency": results,
+    }
+
+
+def _write_concurrency(results: dict, stem: Path, command: str) -> List[Path]:
+    from .concurrency import table
+
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = [stem.with_suffix(".json"), stem.with_suffix(".md")]
+    paths[0].write_text(json.dumps(dict(results, command=command), indent=1))
+    paths[1].write_text(
+        f"# {results['title']}\n\n`{command}`\n\n{table(results['concurrency'])}\n"
+    )
+    return paths
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(
@@ -326,6 +390,13 @@ def main(argv=None):
         return
     stem = Path(args.out or f"bench/results/bench-{time.strftime('%Y%m%d-%H%M%S')}")
     command = "mlx-dflash bench " + " ".join(shlex.quote(a) for a in argv)
+    if "concurrency" in results:
+        from .concurrency import table
+
+        paths = _write_concurrency(results, stem, command)
+        print(table(results["concurrency"]))
+        print("wrote " + ", ".join(str(p) for p in paths))
+        return
     paths = report.write(results, stem, command, png=not args.no_png)
     print(report.table(results))
     print("wrote " + ", ".join(str(p) for p in paths))
