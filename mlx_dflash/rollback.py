@@ -11,6 +11,12 @@ equal what plain autoregressive decoding of those n tokens would have built.
   conv state is the last K-1 raw inputs of [old conv state; kept inputs].
   The replay uses the same recurrence as the verify pass: mlx_lm's Metal kernel
   on Apple GPUs, our CUDA kernel (gdn.py) on NVIDIA, the ops path on CPU.
+
+A batch (batch.py, ragged.py's caches) verifies the same S positions in every
+row and keeps a different number per row: `rollback_rows` moves each row's KV
+length back and replays every row's recurrence at once, masked past each
+row's own kept steps (a masked step leaves the state as it was); `rollback_row`
+rolls one row, taken out of the batch, further back.
 """
 
 from typing import Any, Dict, List
