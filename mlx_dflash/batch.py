@@ -45,7 +45,8 @@ class Row:
     # (None: a row joined by `join`, whose caller takes `step`'s return).
     outbox: Optional[Deque[tuple]] = None
     final: Optional[List[Any]] = None  # its caches, once done and gone
-    last: Tuple[int, int] = (0, 0)  # (batch row, positions kept) of its latest cycle
+    # Its latest cycle: (the batch's cycle count, its batch row, positions kept).
+    last: Tuple[int, int, int] = (0, 0, 0)
 
     @property
     def done(self) -> bool:
@@ -166,7 +167,7 @@ class Batch:
             if r.outbox is not None:
                 assert not r.outbox, "a row's outputs were not taken before a cycle"
                 r.outbox.extend(outputs)
-            r.last = (b, kept[b])
+            r.last = (self.cycles, b, kept[b])
             if r.done:
                 r.final = self.cache.row(b)
             out.append((r, outputs))
@@ -195,6 +196,8 @@ class Batch:
         cache = self.target.make_cache() if cache is None else cache
         row, first = self.join(prompt, drafter, cache=cache, **options)
         row.outbox = deque()
+        if row in self.rows:
+            cache.clear()  # the batch has its own copy: free the prefill's
         try:
             yield first
             while True:
@@ -216,9 +219,10 @@ class Batch:
             return  # done at its first token: `cache` is its prefill's
         untaken = len(row.outbox)
         if untaken:
-            # They came from the latest cycle (`step` asserts it): its
-            # captures and snapshot are still the batch's latest.
-            b, held = row.last
+            # Rolled back from the latest cycle's captures and snapshot: the
+            # untaken outputs must be that cycle's.
+            cycle, b, held = row.last
+            assert cycle == self.cycles, "a row's outputs were not taken before a cycle"
             rollback_row(
                 solo,
                 self.target.delta_taps,

@@ -1,5 +1,6 @@
 """`serve --max-batch N`: concurrent requests share the batched verify, and
-each still returns its solo output (the one-row path's, helpers.expected)."""
+each still returns its solo output (the one-row path's, helpers.expected),
+on an attention model and a hybrid one (GatedDeltaNet, Hv != Hk)."""
 
 import threading
 import time
@@ -19,9 +20,9 @@ QUESTIONS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def bsrv():
-    s = LiveServer(random_provider(), max_batch=4)
+@pytest.fixture(scope="module", params=["qwen3", "qwen3_5"])
+def bsrv(request):
+    s = LiveServer(random_provider(request.param), max_batch=4)
     # Record the batch's size each cycle, and slow each cycle a little, so the
     # requests below overlap however fast this machine is (outputs unchanged).
     batch, sizes = s.engine.batch, []
