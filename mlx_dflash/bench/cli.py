@@ -268,7 +268,14 @@ def run(args, argv) -> dict:
                 for sp in samplings:
                     cases.append(Case(suite, pid, ids, n, sp))
     if args.concurrency:
-        return _run_concurrency(args, target, label, arms, cases)
+        from .concurrency import run_from_args
+
+        runs = len(args.concurrency) * len(arms) * 3 * (args.repeats + 1)
+        step, stop = _progress(runs)
+        try:
+            return run_from_args(args, target, label, arms, cases, on_run=step)
+        finally:
+            stop()
     per_case = (
         1 + len(arms) + (0 if args.no_profile else 1) + args.repeats * (len(arms) + 1)
     )
@@ -322,58 +329,6 @@ def run(args, argv) -> dict:
     return results
 
 
-def _run_concurrency(args, target, label, arms, cases) -> dict:
-    from .concurrency import run_concurrency
-
-    if args.world.size > 1:
-        raise ValueError("--concurrency is not supported under mlx.launch")
-    if any(c < 1 for c in args.concurrency):
-        raise ValueError(f"--concurrency: counts must be >= 1, got {args.concurrency}")
-    n = args.max_tokens[0]
-    seen, prompts = set(), []
-    for c in cases:
-        if c.max_tokens == n and tuple(c.prompt) not in seen:
-            seen.add(tuple(c.prompt))
-            prompts.append(c)
-    total = len(args.concurrency) * len(arms) * 3 * (args.repeats + 1)
-    step, stop = _progress(total)
-    try:
-        results = run_concurrency(
-            target,
-            prompts,
-            arms,
-            args.concurrency,
-            repeats=args.repeats,
-            prefill_step=args.prefill_step_size,
-            cooldown=args.cooldown,
-            on_run=step,
-        )
-    finally:
-        stop()
-    settings = {k: v for k, v in vars(args).items() if k != "world"}
-    settings.update(
-        target=label, arms=[a.name for a in arms], eos="off (fixed lengths)"
-    )
-    return {
-        "title": args.title or f"mlx-dflash bench --concurrency: {label}",
-        "settings": settings,
-        "environment": report.environment(),
-        "concurrency": results,
-    }
-
-
-def _write_concurrency(results: dict, stem: Path, command: str) -> List[Path]:
-    from .concurrency import table
-
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    paths = [stem.with_suffix(".json"), stem.with_suffix(".md")]
-    paths[0].write_text(json.dumps(dict(results, command=command), indent=1))
-    paths[1].write_text(
-        f"# {results['title']}\n\n`{command}`\n\n{table(results['concurrency'])}\n"
-    )
-    return paths
-
-
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(
@@ -391,9 +346,9 @@ def main(argv=None):
     stem = Path(args.out or f"bench/results/bench-{time.strftime('%Y%m%d-%H%M%S')}")
     command = "mlx-dflash bench " + " ".join(shlex.quote(a) for a in argv)
     if "concurrency" in results:
-        from .concurrency import table
+        from .concurrency import table, write
 
-        paths = _write_concurrency(results, stem, command)
+        paths = write(results, stem, command)
         print(table(results["concurrency"]))
         print("wrote " + ", ".join(str(p) for p in paths))
         return

@@ -15,6 +15,7 @@ queueing included), medians over `repeats` rounds after one untimed warm-up
 round. Greedy only; every stream is checked against stock greedy decoding.
 """
 
+import json
 import statistics
 import time
 from typing import Callable, Dict, List, Optional, Sequence
@@ -208,3 +209,52 @@ def table(results: List[dict]) -> str:
                 f"| {'yes' if w['exact'] else 'NO'} |"
             )
     return "\n".join(lines)
+
+
+def run_from_args(args, target, label, arms, cases, *, on_run=None) -> dict:
+    """`bench --concurrency` from the parsed flags: the suites' distinct
+    prompts at the first `--max-tokens`; the JSON's top level."""
+    from .report import environment
+
+    if args.world.size > 1:
+        raise ValueError("--concurrency is not supported under mlx.launch")
+    if any(c < 1 for c in args.concurrency):
+        raise ValueError(f"--concurrency: counts must be >= 1, got {args.concurrency}")
+    n = args.max_tokens[0]
+    seen, prompts = set(), []
+    for c in cases:
+        if c.max_tokens == n and tuple(c.prompt) not in seen:
+            seen.add(tuple(c.prompt))
+            prompts.append(c)
+    results = run_concurrency(
+        target,
+        prompts,
+        arms,
+        args.concurrency,
+        repeats=args.repeats,
+        prefill_step=args.prefill_step_size,
+        cooldown=args.cooldown,
+        on_run=on_run,
+    )
+    settings = {k: v for k, v in vars(args).items() if k != "world"}
+    settings.update(
+        target=label, arms=[a.name for a in arms], eos="off (fixed lengths)"
+    )
+    return {
+        "title": args.title or f"mlx-dflash bench --concurrency: {label}",
+        "settings": settings,
+        "environment": environment(),
+        "concurrency": results,
+    }
+
+
+def write(results: dict, stem, command: str) -> list:
+    """STEM.json (everything, with the command) and STEM.md (the table)."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = [stem.with_suffix(".json"), stem.with_suffix(".md")]
+    paths[0].write_text(json.dumps(dict(results, command=command), indent=1))
+    paths[1].write_text(
+        f"# {results['title']}\n\nCommand:\n\n```\n{command}\n```\n\n"
+        f"{table(results['concurrency'])}\n"
+    )
+    return paths
