@@ -99,3 +99,12 @@ def test_concurrent_requests_return_their_solo_outputs(bsrv):
 def test_metrics_report_the_batch(bsrv):
     text = httpx.get(bsrv.url + "/metrics").text
     assert "mlx_dflash_batch_size" in text and "mlx_dflash_rows_waiting" in text
+
+
+def test_max_batch_flag_is_checked(capsys):
+    from mlx_dflash.server.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--max-batch", "0"])
+    assert e.value.code == 2
+    assert "--max-batch must be >= 1" in capsys.readouterr().err
