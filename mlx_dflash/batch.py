@@ -7,8 +7,9 @@ drafts for every row (one drafter call per row), verifies every row's
 with shorter blocks are padded at the end), reads every row's acceptance in
 one host sync, and rolls each row back to its own kept length
 (`rollback_rows`). Rows join between cycles after a prefill of their own (the
-one-row `prefill`, then their caches become a row of the batch) and leave when
-done or when the caller lets them go. A row's tokens are its solo
+one-row `prefill`, chunk by chunk with a cycle of the others between two
+chunks; then their caches become a row of the batch) and leave when done or
+when the caller lets them go. A row's tokens are its solo
 `generate_step`'s: greedy token for token, sampled with the same draws for the
 same seed (the row's key is split exactly as the solo run splits it).
 
@@ -74,7 +75,17 @@ class Batch:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def join(
+    def join(self, prompt: Sequence[int], drafter: Drafter, **options):
+        """`joining` run to its end at once (nobody else runs between chunks):
+        (row, its first output)."""
+        steps = self.joining(prompt, drafter, **options)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def joining(
         self,
         prompt: Sequence[int],
         drafter: Drafter,
@@ -91,23 +102,44 @@ class Batch:
         prefill_step_size: Optional[int] = None,
         should_stop: Optional[Callable[[], bool]] = None,
         tag: Any = None,
-    ) -> Tuple[Row, tuple]:
-        """Prefill `prompt` alone, then decode it with the batch.
+    ):
+        """Prefill `prompt` alone, then decode it with the batch: a generator
+        that yields `WAIT` between prefill chunks while the batch has rows
+        (the caller runs a `step()` there, so they keep streaming) and returns
+        the row and its first token as `generate_step` yields it.
 
         The options are `generate_step`'s; `drafter` is this row's own (a
         drafter holds one sequence's context). `cache` (a one-row cache
         holding `prompt[:cached]`, default a fresh one) is taken over by the
-        batch. Returns the row and its first token as `generate_step` yields
-        it; a row done after that token (a stop, `max_tokens` 1) does not join.
-        `prefill_step_size` overrides the batch's for this prompt.
+        batch. A row done after its first token (a stop, `max_tokens` 1) does
+        not join. `prefill_step_size` overrides the batch's for this prompt;
+        `should_stop` is asked before each chunk (`Cancelled`, as `prefill`).
         """
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         if not prompt:
             raise ValueError("the prompt is empty")
+        if not 0 <= cached < len(prompt):
+            raise ValueError(f"cached prefix {cached} must be shorter than the prompt")
+        cache = self.target.make_cache() if cache is None else cache
+        step = prefill_step_size or self.prefill_step_size
+        # One chunk per call: the same chunks, hence the same caches, as one
+        # call would run; between two, the batch's rows run a cycle.
+        for start in range(cached, len(prompt), step):
+            if start > cached and self.rows:
+                yield WAIT
+            logits = prefill(
+                self.target,
+                cache,
+                drafter,
+                prompt[: start + step],
+                step_size=step,
+                cached=start,
+                should_stop=should_stop,
+            )
         d = Decoding(
             self.target,
-            self.target.make_cache() if cache is None else cache,
+            cache,
             drafter,
             sampling=sampling or SamplingParams(),
             block_size=block_size,
@@ -116,15 +148,6 @@ class Batch:
             logprobs=logprobs,
             fallback=fallback,
             stats=SpecStats(block_size) if stats is None else stats,
-        )
-        logits = prefill(
-            self.target,
-            d.cache,
-            drafter,
-            prompt,
-            step_size=prefill_step_size or self.prefill_step_size,
-            cached=cached,
-            should_stop=should_stop,
         )
         first = d.first_token(logits)
         row = Row(d, tag)
@@ -194,7 +217,7 @@ class Batch:
         """
         assert target is self.target, "a batch decodes for its own target"
         cache = self.target.make_cache() if cache is None else cache
-        row, first = self.join(prompt, drafter, cache=cache, **options)
+        row, first = yield from self.joining(prompt, drafter, cache=cache, **options)
         row.outbox = deque()
         if row in self.rows:
             cache.clear()  # the batch has its own copy: free the prefill's

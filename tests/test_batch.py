@@ -209,6 +209,67 @@ def test_steps_leave_caches_as_generate_step_does(family):
                 assert np.array_equal(np.array(x), np.array(y)), t
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+def test_a_joining_prefill_interleaves_with_running_rows(family):
+    """A long prompt joins in chunks; the running row decodes a cycle between
+    two of them, and both outputs stay exact. A join stopped between chunks
+    raises `Cancelled` with the caches holding the chunks run."""
+    from mlx_dflash.decode import Cancelled
+
+    model = model_of(family)
+    target = Target(model)
+    batch = Batch(target)
+    short, long = prompt(70, 6), prompt(71, 30)
+    refs = {"short": stock(model, short, 40), "long": stock(model, long, 12)}
+    order = []
+
+    def gen(tag, p, n):
+        drafter = OracleDrafter(p + refs[tag], vocab_size=VOCAB, schedule=[1, 3])
+        steps = batch.steps(
+            target, p, drafter, max_tokens=n, block_size=4, prefill_step_size=8
+        )
+        for item in steps:
+            order.append((tag, item is WAIT))
+            yield item
+
+    gens = {"short": gen("short", short, 40)}
+    first = next(gens["short"])[0]  # joined, alone in the batch
+    gens["long"] = gen("long", long, 12)
+    out = cooperate(batch, gens, close_after={})
+    assert [first] + out["short"] == refs["short"]
+    assert out["long"] == refs["long"]
+    # The long prompt's 4 chunks: it waited 3 times before its first token,
+    # and the short row got tokens in between.
+    first_long = order.index(("long", False))
+    waits = [i for i, e in enumerate(order[:first_long]) if e == ("long", True)]
+    assert len(waits) == 3
+    assert any(e == ("short", False) for e in order[waits[0] : first_long])
+
+    cache, asked = target.make_cache(), []
+    steps = batch.steps(
+        target,
+        long,
+        OracleDrafter(long + refs["long"], vocab_size=VOCAB),
+        cache=cache,
+        prefill_step_size=8,
+        should_stop=lambda: len(asked.append(0) or asked) > 2,
+    )
+    batch.join(short, PromptLookupDrafter(), max_tokens=50)  # someone to wait for
+    with pytest.raises(Cancelled) as e:
+        for _ in steps:
+            pass
+    assert e.value.filled == 16
+    ref = make_prompt_cache(model)
+    model(mx.array([long[:16]]), cache=ref)
+    for a, b in zip(cache, ref):
+        xs = a.state[:2] if isinstance(b, KVCache) else a.cache
+        ys = b.state[:2] if isinstance(b, KVCache) else b.cache
+        for x, y in zip(xs, ys):
+            if isinstance(b, KVCache):
+                x, y = x[..., : b.offset, :], y[..., : b.offset, :]
+            assert np.allclose(np.array(x), np.array(y), atol=1e-5)
+
+
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
 def test_dflash_and_lookup_rows_match_solo_runs(family):
     """Each row's drafter gets its own rows' features: the drafts, hence the

@@ -113,11 +113,14 @@ def generate(engine, job: Job):
                 stats=stats,
                 should_stop=should_stop,
             )
+            begun = len(out)  # this segment's first token is still to come
             for step in steps:
                 if step is WAIT:  # the batch's other rows get their turn
-                    if not should_stop():
+                    # Before its first token the row is prefilling: the
+                    # prefill itself stops between chunks (`Cancelled`).
+                    if len(out) == begun or not should_stop():
                         yield
-                    if should_stop():
+                    if len(out) > begun and should_stop():
                         cancelled = True
                         steps.close()
                         break
