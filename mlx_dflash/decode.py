@@ -309,6 +309,14 @@ class Decoding:
     def accept(self, cycle: Cycle, logits: mx.array) -> Verdict:
         """The longest accepted draft prefix and the target's token after it,
         cut at a stop token and at `max_tokens`. Reads the device once."""
+        judged = self.judge(cycle, logits)
+        mx.eval(*judged)
+        return self.verdict(cycle, judged)
+
+    def judge(self, cycle: Cycle, logits: mx.array) -> tuple:
+        """The target's answer to `cycle` as device arrays, not yet read
+        (batch.py reads every row's at once): accepted, candidates, draft,
+        logprobs and the probe."""
         draft = cycle.draft
         if self.params.greedy:
             candidates = mx.argmax(logits, axis=-1)
@@ -317,7 +325,11 @@ class Decoding:
             w = log_weights(logits, self.params)
             accepted, candidates = speculative_accept(draft, cycle.q, w, cycle.key)
         lp = _logprobs(logits, candidates, self.logprobs, draft)
-        mx.eval(accepted, candidates, draft, lp, cycle.probe)
+        return accepted, candidates, draft, lp, cycle.probe
+
+    def verdict(self, cycle: Cycle, judged: tuple) -> Verdict:
+        """`judge`'s arrays, evaluated, read into a `Verdict`."""
+        accepted, candidates, draft, lp, probe = judged
         accepted, candidates = accepted.tolist(), candidates.tolist()
         draft = draft.tolist()
         a = 0
@@ -329,7 +341,7 @@ class Decoding:
                 tokens = tokens[: i + 1]
                 break
         tokens = tokens[: self.max_tokens - self.n_out]
-        probe = None if cycle.probe is None else cycle.probe.tolist()
+        probe = None if probe is None else probe.tolist()
         return Verdict(tokens, a, len(draft), lp, probe)
 
     def commit(self, cycle: Cycle, v: Verdict, features, saved):
@@ -338,6 +350,15 @@ class Decoding:
         m = len(v.tokens)
         verified = v.drafted + 1
         rollback(self.cache, self.target.delta_taps, saved, verified=verified, kept=m)
+        self.record(cycle, v, features)
+        self.pending, self.saved, self.held, self.handed = None, saved, m, 0
+
+    def record(self, cycle: Cycle, v: Verdict, features):
+        """After the caches were rolled back: the drafter gets the kept
+        positions' features (`features` (1, >= m, F) or None), the stats and
+        the fallback hear how the cycle went, and the tokens count as out."""
+        m = len(v.tokens)
+        verified = v.drafted + 1
         self.drafter.commit(
             [self.y] + v.tokens[:-1], None if features is None else features[:, :m]
         )
@@ -350,7 +371,6 @@ class Decoding:
             self.stats.spec_seconds += seconds
             if self.fb is not None:
                 self.fb.after_spec(verified, accepted, m, seconds, self.stats)
-        self.pending, self.saved, self.held, self.handed = None, saved, m, 0
         self.advance(v.tokens)
 
     def hand_out(self, v: Verdict):

@@ -11,6 +11,12 @@ equal what plain autoregressive decoding of those n tokens would have built.
   conv state is the last K-1 raw inputs of [old conv state; kept inputs].
   The replay uses the same recurrence as the verify pass: mlx_lm's Metal kernel
   on Apple GPUs, our CUDA kernel (gdn.py) on NVIDIA, the ops path on CPU.
+
+A batch (batch.py, ragged.py's caches) verifies the same S positions in every
+row and keeps a different number per row: `rollback_rows` moves each row's KV
+length back and replays every row's recurrence at once, masked past each
+row's own kept steps (a masked step leaves the state as it was); `rollback_row`
+rolls one row, taken out of the batch, further back.
 """
 
 from typing import Any, Dict, List
@@ -48,9 +54,36 @@ def rollback(
             c.trim(drop)
 
 
-def _replay_delta(taps: DeltaTaps, c, state0: mx.array, n: int, verified: int):
+def rollback_row(
+    cache: List[Any],
+    delta_taps: Dict[int, DeltaTaps],
+    saved: Dict[int, mx.array],
+    *,
+    row: int,
+    verified: int,
+    held: int,
+    kept: int,
+):
+    """Row `row` of a batch's latest verify, taken out as the one-row `cache`
+    holding `held` of its `verified` positions, keeps only `kept` of them
+    (a caller that stopped part way through the row's tokens)."""
+    assert 0 <= kept <= held <= verified
+    if kept == held:
+        return
+    rows = slice(row, row + 1)
+    for i, c in enumerate(cache):
+        if i in delta_taps:
+            _replay_delta(delta_taps[i], c, saved[i][rows], kept, verified, rows)
+        else:
+            c.trim(held - kept)
+
+
+def _replay_delta(
+    taps: DeltaTaps, c, state0: mx.array, n: int, verified: int, rows=slice(None)
+):
+    """`rows`: the batch rows of the captures that `c` holds (all of them)."""
     la = taps.layer
-    conv_in = taps.conv._capture.inputs  # [old conv state ; verify inputs]
+    conv_in = taps.conv._capture.inputs[rows]  # [old conv state ; verify inputs]
     k1 = la.conv_kernel_size - 1
     c[0] = mx.contiguous(conv_in[:, n : n + k1])
 
@@ -63,12 +96,13 @@ def _replay_delta(taps: DeltaTaps, c, state0: mx.array, n: int, verified: int):
         c[1] = state0
         return
     if kept_states is not None and len(kept_states) == verified:
-        c[1] = kept_states[n - 1]
+        c[1] = kept_states[n - 1][rows]
         return
 
-    q, k, v = recurrence_inputs(la, nn.silu(taps.conv._capture.outputs[:, :n]))
-    a = taps.a._capture.outputs[:, :n]
-    b = taps.b._capture.outputs[:, :n]
+    conv_out = taps.conv._capture.outputs[rows, :n]
+    q, k, v = recurrence_inputs(la, nn.silu(conv_out))
+    a = taps.a._capture.outputs[rows, :n]
+    b = taps.b._capture.outputs[rows, :n]
     _, state = gated_delta(
         q,
         k,
@@ -79,6 +113,71 @@ def _replay_delta(taps: DeltaTaps, c, state0: mx.array, n: int, verified: int):
         la.dt_bias,
         state0,
         None,
+        use_kernel=not la.training,
+        ops=None if steps is None else steps.ops,
+    )
+    c[1] = state
+
+
+def rollback_rows(
+    cache: List[Any],
+    delta_taps: Dict[int, DeltaTaps],
+    saved: Dict[int, mx.array],
+    *,
+    verified: int,
+    kept: List[int],
+):
+    """A batch's `rollback` (ragged.py's caches): row b keeps only the first
+    kept[b] of the `verified` positions every row ran."""
+    assert all(0 <= k <= verified for k in kept)
+    drops = [verified - k for k in kept]
+    if not any(drops):
+        return
+    for i, c in enumerate(cache):
+        if i in delta_taps:
+            _replay_delta_rows(delta_taps[i], c, saved[i], kept, verified)
+        else:
+            c.trim_rows(drops)
+
+
+def _replay_delta_rows(taps: DeltaTaps, c, state0, kept: List[int], verified: int):
+    la = taps.layer
+    n = mx.array(kept)
+    conv_in = taps.conv._capture.inputs  # (B, K-1+verified, C)
+    k1 = la.conv_kernel_size - 1
+    cols = (n[:, None] + mx.arange(k1))[..., None]
+    c[0] = mx.take_along_axis(conv_in, cols, axis=1)
+
+    steps = getattr(la, "step_states", None)
+    kept_states = None if steps is None else steps.states
+    if steps is not None:
+        steps.states = None
+    longest = max(kept)
+    if longest == 0:
+        c[1] = state0
+        return
+    if kept_states is not None and len(kept_states) == verified:
+        # Each row's state after its own last kept step (the pre-verify one at 0).
+        every = mx.concatenate([state0[None], kept_states])
+        c[1] = mx.stack([every[k, b] for b, k in enumerate(kept)])
+        return
+
+    # One replay of the longest kept run; a row's later steps are masked,
+    # which leaves its state as it was after its own last kept step.
+    q, k, v = recurrence_inputs(la, nn.silu(taps.conv._capture.outputs[:, :longest]))
+    a = taps.a._capture.outputs[:, :longest]
+    b = taps.b._capture.outputs[:, :longest]
+    mask = mx.arange(longest)[None] < n[:, None]
+    _, state = gated_delta(
+        q,
+        k,
+        v,
+        a,
+        b,
+        la.A_log,
+        la.dt_bias,
+        state0,
+        mask,
         use_kernel=not la.training,
         ops=None if steps is None else steps.ops,
     )

@@ -288,7 +288,8 @@ class Target:
         last_only: bool = False,
         flush: bool = False,
     ):
-        """Run the stock model on `tokens` (shape (1, S)) with `cache`.
+        """Run the stock model on `tokens` (shape (1, S), or (B, S) over a
+        batch's `RaggedCache`) with `cache`.
 
         Returns `(logits, features)`: logits for every row, or only the last
         row when `last_only`; features are the captured layer outputs

@@ -554,3 +554,24 @@ def test_cli_warm_up_warms_every_speculative_arm_first(tmp_path, monkeypatch):
     greedy = [c for c in res["cases"] if c["sampling"]["temperature"] == 0.0]
     for arm in greedy[0]["arms"].values():
         assert arm["token_match"]["equal_pct"] == 100.0
+
+
+def test_cli_concurrency_three_ways(tmp_path, capsys):
+    """`--concurrency`: stock BatchGenerator, our one-at-a-time loop and our
+    batched verify on the same C prompts, every stream checked against stock."""
+    cli.main(
+        ["--shape", "tiny-qwen3", "--dtype", "float32", "--peaked"]
+        + ["--draft", "lookup", "--suites", "code", "--prompts-per-suite", "2"]
+        + ["--max-tokens", "10", "--repeats", "1", "--cooldown", "0"]
+        + ["--block-size", "4", "--concurrency", "1,3", "--out", str(tmp_path / "c")]
+    )
+    res = json.loads((tmp_path / "c.json").read_text())
+    assert [r["concurrency"] for r in res["concurrency"]] == [1, 3]
+    for r in res["concurrency"]:
+        assert set(r["ways"]) == {"mlx_lm batch", "lookup fifo", "lookup batch"}
+        for w in r["ways"].values():
+            assert w["exact"] and w["aggregate_tps"] > 0
+            streams = r["concurrency"]
+            assert len(w["ttft_s"]) == len(w["per_stream_decode_tps"]) == streams
+    assert "| 3 | lookup batch |" in (tmp_path / "c.md").read_text()
+    assert "lookup batch" in capsys.readouterr().out

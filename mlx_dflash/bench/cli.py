@@ -5,6 +5,7 @@ Examples:
   mlx-dflash bench --shape qwen3-8b --draft engine --tau 4,6.5,9   # random 8B shape
   mlx-dflash bench --draft path/to/draft --temp 0,0.7,1.0            # τ per temperature
   mlx-dflash bench --draft DIR,zlab:DIR      # ours beside z-lab's reference loop
+  mlx-dflash bench --draft lookup --concurrency 1,2,4   # C requests at once
   mlx.launch -n 2 --backend ring -- mlx-dflash bench --shape tiny-qwen3.5 --draft lookup
                                     # target split across ranks; rank 0 reports
 """
@@ -147,6 +148,15 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument(
+        "--concurrency",
+        type=_ints,
+        default=None,
+        help="comma list of request counts decoded at once (e.g. 1,2,4): per arm, "
+        "stock mlx_lm's BatchGenerator, our one-at-a-time loop and our batched "
+        "verify on the same C prompts (the suites' prompts in turn, the first "
+        "--max-tokens each, greedy): aggregate and per-stream tok/s, TTFT",
+    )
+    p.add_argument(
         "--cooldown",
         type=float,
         default=1.0,
@@ -282,6 +292,15 @@ def run(args, argv) -> dict:
             for n in args.max_tokens:
                 for sp in samplings:
                     cases.append(Case(suite, pid, ids, n, sp))
+    if args.concurrency:
+        from .concurrency import run_from_args
+
+        runs = len(args.concurrency) * len(arms) * 3 * (args.repeats + 1)
+        step, stop = _progress(runs)
+        try:
+            return run_from_args(args, target, label, arms, cases, on_run=step)
+        finally:
+            stop()
     per_case = (
         1 + len(arms) + (0 if args.no_profile else 1) + args.repeats * (len(arms) + 1)
     )
@@ -351,6 +370,13 @@ def main(argv=None):
         return
     stem = Path(args.out or f"bench/results/bench-{time.strftime('%Y%m%d-%H%M%S')}")
     command = "mlx-dflash bench " + " ".join(shlex.quote(a) for a in argv)
+    if "concurrency" in results:
+        from .concurrency import table, write
+
+        paths = write(results, stem, command)
+        print(table(results["concurrency"]))
+        print("wrote " + ", ".join(str(p) for p in paths))
+        return
     paths = report.write(results, stem, command, png=not args.no_png)
     print(report.table(results))
     print("wrote " + ", ".join(str(p) for p in paths))

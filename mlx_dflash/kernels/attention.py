@@ -96,10 +96,14 @@ def attend(
 
 
 def is_block(x: mx.array, cache) -> bool:
-    """Whether this call is a verify/draft-sized block over a plain KV cache
-    (quantized caches, `bits`, are attended mlx_lm's own way)."""
+    """Whether this call is one row's verify/draft-sized block over a plain KV
+    cache (quantized caches, `bits`, are attended mlx_lm's own way; several
+    rows, batch.py's, take the stock layers: these kernels assume one row)."""
     return (
-        cache is not None and not hasattr(cache, "bits") and 1 < x.shape[1] <= MAX_BLOCK
+        cache is not None
+        and not hasattr(cache, "bits")
+        and x.shape[0] == 1
+        and 1 < x.shape[1] <= MAX_BLOCK
     )
 
 

@@ -100,6 +100,15 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help=f"answer 413 to larger request bodies (default {MAX_REQUEST_BYTES >> 20} MiB)",
     )
     parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=1,
+        help="decode up to N requests at once, their drafts verified together "
+        "in one batched target forward; each request's output is still its "
+        "own (greedy: token for token; sampling: the same distribution). "
+        "Default 1: one at a time, first in first out",
+    )
+    parser.add_argument(
         "--no-warm-up",
         action="store_true",
         help="report ready without first running a greedy and a sampled "
@@ -186,6 +195,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.default_temperature is not None and args.default_temperature < 0:
         parser.error("--default-temperature must be >= 0")
+    if args.max_batch < 1:
+        parser.error("--max-batch must be >= 1")
     for flag in ("request_timeout", "stall_timeout", "max_request_bytes"):
         value = getattr(args, flag)
         if value is not None and value <= 0:
@@ -206,6 +217,8 @@ def main(argv=None):
     from . import Engine, EngineConfig, create_app
 
     world = World.init(pipeline=args.pipeline)
+    if world.size > 1 and args.max_batch > 1:  # every rank stops here
+        parser.error("--max-batch > 1 is not supported across ranks (mlx.launch)")
     if not world.leader:
         with one_line_errors(parser):
             pair = load_pair(args.model, args.draft, **engine_options(args), world=world)
@@ -231,6 +244,7 @@ def main(argv=None):
         request_timeout=args.request_timeout,
         stall_seconds=args.stall_timeout,
         warm_up=not args.no_warm_up,
+        max_batch=args.max_batch,
         distributed=world.info(),
     )
     steps = Leader(world) if world.size > 1 else generate_step

@@ -4,12 +4,16 @@ The thread loads the model and warms it (a greedy and a sampled generation,
 warmup.py) before `start` returns, so the first request pays no first-use
 builds. HTTP handlers submit `Job`s (job.py); the thread runs them one at a
 time in FIFO order (generation.py runs one) and streams `Event`s back onto
-each job's asyncio queue. A job stops between prefill chunks or tokens when
-its client went away, stopped reading for longer than `stall_seconds`, passed
-its deadline, or the server shuts down.
+each job's asyncio queue. With `max_batch` > 1 it runs up to that many at
+once: every job's generation runs until its row waits, then one batched
+verify serves them all (batch.py); queued jobs join between cycles, after
+their own prefill, and each gets its own drafter. A job stops between prefill
+chunks or tokens when its client went away, stopped reading for longer than
+`stall_seconds`, passed its deadline, or the server shuts down.
 """
 
 import asyncio
+import copy
 import gc
 import logging
 import queue
@@ -21,6 +25,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import mlx.core as mx
 
+from ..batch import Batch
 from ..decode import generate_step
 from ..device import backend, device_info
 from ..fallback import Fallback
@@ -64,6 +69,9 @@ class EngineConfig:
     # Run greedy and sampled generations before reporting ready, so that no
     # request pays for what backends build on first use (warmup.py).
     warm_up: bool = True
+    # Requests decoded together, verified in one batched forward (batch.py);
+    # 1: one at a time, first in first out.
+    max_batch: int = 1
     # The ranks the target is split across (distributed.World.info()).
     distributed: dict = field(
         default_factory=lambda: {"world_size": 1, "backend": None, "mode": "single"}
@@ -97,6 +105,8 @@ class Engine:
         self._load_error: Optional[BaseException] = None
         self._lock = threading.Lock()  # orders submit() against close()
         self._current: Optional[Job] = None
+        self._batched: List[Job] = []  # the jobs in the batch (max_batch > 1)
+        self.batch: Optional[Batch] = None
         self.alive = False
         self.closing = False
         # Templating and tokenisation of requests: off the event loop, one at a
@@ -145,8 +155,8 @@ class Engine:
                     self.refuse(job)
                     job.finished.set()
             self._queue.put(None)
-        job = self._current
-        if job is not None:
+        running = [self._current] if self._current is not None else []
+        for job in running + list(self._batched):
             job.cancel("shutdown")
             job.emit(stopped(job.reason, self.config.request_timeout))
 
@@ -183,11 +193,24 @@ class Engine:
                     steps=self.steps,  # across ranks, every rank warms in step
                 )
                 mx.clear_cache()
+            if self.config.max_batch > 1:
+                self._new_batch()
             self.alive = True
         except BaseException as e:  # noqa: BLE001 - reported to start()
             self._load_error = e
         finally:
             self._ready.set()
+        if self.config.max_batch > 1:
+            self._serve_batched()
+        else:
+            self._serve_one_at_a_time()
+        self.alive = False
+
+    def _new_batch(self):
+        self.batch = Batch(self.target, prefill_step_size=self.config.prefill_step_size)
+        self.steps = self.batch.steps
+
+    def _serve_one_at_a_time(self):
         while self.alive:
             job = self._queue.get()
             if job is None:
@@ -199,24 +222,86 @@ class Engine:
             if self.should_stop(job):  # cancelled or expired while it waited
                 self.refuse(job)
             else:
-                try:
-                    generate(self, job)
-                except Exception as e:  # noqa: BLE001 - the thread keeps serving
-                    log.exception("generation failed")
-                    job.emit(
-                        Event(finish_reason="error", error=f"{type(e).__name__}: {e}")
-                    )
+                for _ in self._advance(job, generate(self, job)):
+                    pass  # one at a time: a generation never waits
             self._current = None
             job.finished.set()
             del job
             if self._queue.empty():
-                # Idle: free what a finished generation left in reference
-                # cycles (its arrays would otherwise live until Python's next
-                # collection), then hand MLX's buffer pool back to the system.
-                # Live arrays (weights, prompt cache) stay.
-                gc.collect()
-                mx.clear_cache()
-        self.alive = False
+                self._idle()
+
+    def _serve_batched(self):
+        """Up to `max_batch` jobs: each job's generation runs until its row
+        waits for the batch (a new one prefills first), then one cycle."""
+        running = []  # (job, its generation: generation.py's generator)
+        stopping = not self.alive
+        while running or not stopping:
+            while not stopping and len(running) < self.config.max_batch:
+                try:
+                    job = self._queue.get(block=not running)
+                except queue.Empty:
+                    break
+                if job is None:
+                    stopping = True
+                    break
+                if self.closing:
+                    job.cancel("shutdown")
+                if self.should_stop(job):  # cancelled or expired while it waited
+                    self.refuse(job)
+                    job.finished.set()
+                    continue
+                running.append((job, self._advance(job, generate(self, job))))
+                self._batched.append(job)
+            self.metrics.queue_depth.set(self._queue.qsize())
+            self.metrics.rows_waiting.set(self._queue.qsize())
+            for pair in list(running):
+                job, gen = pair
+                if next(gen, None) is None:  # finished (or failed)
+                    running.remove(pair)
+                    self._batched.remove(job)
+                    job.finished.set()
+            self.metrics.batch_size.set(len(self.batch))
+            if self.batch.rows:
+                self._cycle(running)
+            elif not running and self._queue.empty():
+                self._idle()
+        self._batched.clear()
+
+    def _cycle(self, running):
+        """One batched cycle; if it fails, every job in it ends with the error."""
+        try:
+            self.batch.step()
+        except Exception as e:  # noqa: BLE001 - the thread keeps serving
+            log.exception("batched cycle failed")
+            for job, gen in running:
+                job.emit(Event(finish_reason="error", error=f"{type(e).__name__}: {e}"))
+                job.cancel("error")
+                try:
+                    gen.close()
+                except Exception:  # noqa: BLE001 - the batch is dropped anyway
+                    log.exception("closing a failed batch's generation")
+                self._batched.remove(job)
+                job.finished.set()
+            running.clear()
+            self._new_batch()
+
+    def _advance(self, job: Job, gen):
+        """`gen` (a job's generation), yielding True while it waits; a failure
+        ends the job with an error event and the thread keeps serving."""
+        try:
+            for _ in gen:
+                yield True
+        except Exception as e:  # noqa: BLE001 - the thread keeps serving
+            log.exception("generation failed")
+            job.emit(Event(finish_reason="error", error=f"{type(e).__name__}: {e}"))
+
+    def _idle(self):
+        # Free what a finished generation left in reference cycles (its
+        # arrays would otherwise live until Python's next collection), then
+        # hand MLX's buffer pool back to the system. Live arrays (weights,
+        # prompt cache) stay.
+        gc.collect()
+        mx.clear_cache()
 
     def warm_settings(self) -> List[SamplingParams]:
         """Greedy, the APIs' default temperature and the server's own default."""
@@ -236,6 +321,15 @@ class Engine:
         if self.config.default_temperature is not None:
             return self.config.default_temperature
         return api_default
+
+    def drafter_for(self, job: Job):
+        """The drafter `job` decodes with: the engine's own one at a time; in a
+        batch each job's own (a drafter holds one sequence's context; a copy
+        shares the draft model and begins empty, or with a prompt-cache
+        entry's state)."""
+        if self.config.max_batch == 1:
+            return self.drafter
+        return copy.copy(self.drafter)
 
     @property
     def drafter_name(self) -> str:

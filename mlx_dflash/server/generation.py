@@ -3,12 +3,17 @@
 `generate(engine, job)` restores the longest cached prefix of the prompt,
 decodes in segments (one, unless a reasoning budget closes the think block
 part way), streams each piece of text as an `Event` and ends with the usage;
-then the prompt cache keeps what the caches now hold.
+then the prompt cache keeps what the caches now hold. It is a generator: it
+yields (nothing) whenever its row waits for the next cycle of a batch
+(`serve --max-batch`, batch.py's `Batch.steps`), so that one thread can run
+several jobs; one-at-a-time decoding never waits, and the engine runs it to
+its end in one go.
 """
 
 import dataclasses
 from typing import List, Optional
 
+from ..batch import WAIT
 from ..decode import Cancelled, prefill
 from ..stats import SpecStats
 from ..stream import TokenStream
@@ -19,8 +24,9 @@ from .think import ThinkBudget, opens_think
 def generate(engine, job: Job):
     """Run `job` on `engine`'s model (the generation thread only)."""
     target, tok, config = engine.target, engine.tokenizer, engine.config
+    drafter = engine.drafter_for(job)
     eos = set(tok.eos_token_ids)
-    cache, cached, prompt = _restore(engine, job)
+    cache, cached, prompt = _restore(engine, job, drafter)
     if len(prompt) != len(job.prompt):  # the previous reply's own ids
         room = (config.max_context or len(prompt) + 1) - len(prompt)
         job.max_tokens = max(1, min(job.max_tokens, room))
@@ -62,14 +68,14 @@ def generate(engine, job: Job):
             prefill(
                 target,
                 cache,
-                engine.drafter,
+                drafter,
                 prompt[:snapshot],
                 cached=cached,
                 step_size=config.prefill_step_size,
                 should_stop=should_stop,
             )
             run_from = snapshot
-            pc.snapshot(prompt[:snapshot], cache, engine.drafter, key)
+            pc.snapshot(prompt[:snapshot], cache, drafter, key)
         speculative = job.speculative
         stats = SpecStats(engine.block_size if speculative else 1)
         sampling = None if job.sampling.greedy else job.sampling
@@ -94,7 +100,7 @@ def generate(engine, job: Job):
             steps = engine.steps(
                 target,
                 context,
-                engine.drafter,
+                drafter,
                 cache=cache,
                 max_tokens=room if think is None else think.limit(room),
                 block_size=stats.block_size,
@@ -107,7 +113,18 @@ def generate(engine, job: Job):
                 stats=stats,
                 should_stop=should_stop,
             )
+            begun = len(out)  # this segment's first token is still to come
             for step in steps:
+                if step is WAIT:  # the batch's other rows get their turn
+                    # Before its first token the row is prefilling: the
+                    # prefill itself stops between chunks (`Cancelled`).
+                    if len(out) == begun or not should_stop():
+                        yield
+                    if len(out) > begun and should_stop():
+                        cancelled = True
+                        steps.close()
+                        break
+                    continue
                 put(step[0], step[2] if job.logprobs is not None else None)
                 if should_stop():
                     cancelled = True
@@ -123,7 +140,7 @@ def generate(engine, job: Job):
         # Stopped mid-prefill: the chunks already run are a valid prefix
         # (a retry of an abandoned request starts from there).
         if pc is not None:
-            pc.keep(context[: e.filled], cache, engine.drafter, key)
+            pc.keep(context[: e.filled], cache, drafter, key)
         engine.refuse(job)
         return
     tail = stream.finish()
@@ -133,7 +150,7 @@ def generate(engine, job: Job):
     if cancelled:
         finish = "cancelled"
         if pc is not None:
-            pc.keep_cancelled(prompt + out[:-1], cache, engine.drafter, key)
+            pc.keep_cancelled(prompt + out[:-1], cache, drafter, key)
     else:
         finish = "stop" if out and out[-1] in eos else "length"
         # The cache and drafter now hold exactly prompt + out[:-1].
@@ -141,7 +158,7 @@ def generate(engine, job: Job):
             pc.keep_finished(
                 prompt + out[:-1],
                 cache,
-                engine.drafter,
+                drafter,
                 key,
                 points=points,
                 stopped=finish == "stop",
@@ -169,14 +186,14 @@ def generate(engine, job: Job):
     job.emit(Event(text=tail, finish_reason=finish, usage=usage, logprobs=pending))
 
 
-def _restore(engine, job: Job):
-    """A cache (and drafter state) holding the longest reusable prefix of
+def _restore(engine, job: Job, drafter):
+    """A cache (and `drafter` state) holding the longest reusable prefix of
     the job's prompt, and the prompt to run (see `PromptCache.fetch`)."""
     hit = None
     if engine.prompt_cache is not None:
         hit = engine.prompt_cache.restore(
             job.prompt,
-            engine.drafter,
+            drafter,
             job.cache_key,
             text=job.text,
             encode=lambda text: list(

@@ -69,6 +69,16 @@ class Metrics:
             "requests waiting for the generation thread",
             registry=r,
         )
+        self.batch_size = Gauge(
+            "mlx_dflash_batch_size",
+            "requests in the batched verify (serve --max-batch)",
+            registry=r,
+        )
+        self.rows_waiting = Gauge(
+            "mlx_dflash_rows_waiting",
+            "requests waiting for a place in the batch (serve --max-batch)",
+            registry=r,
+        )
         self.tau = Gauge(
             "mlx_dflash_last_tau",
             "mean accepted length per cycle (bonus included) of the last generation",

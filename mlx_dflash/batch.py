@@ -1,0 +1,274 @@
+"""Batched speculative decoding: several requests verified in one target forward.
+
+Each row is a request with its own `Decoding` (decode.py): its drafter, PRNG
+key, sampling settings, stop tokens, `max_tokens`, fallback and stats. A cycle
+drafts for every row (one drafter call per row), verifies every row's
+`[anchor, draft]` in ONE target forward over a `RaggedCache` (ragged.py; rows
+with shorter blocks are padded at the end), reads every row's acceptance in
+one host sync, and rolls each row back to its own kept length
+(`rollback_rows`). Rows join between cycles after a prefill of their own (the
+one-row `prefill`, chunk by chunk with a cycle of the others between two
+chunks; then their caches become a row of the batch) and leave when done or
+when the caller lets them go. A row's tokens are its solo
+`generate_step`'s: greedy token for token, sampled with the same draws for the
+same seed (the row's key is split exactly as the solo run splits it).
+
+Block kernels (kernels/) stay on the one-row path: they decline inputs of more
+than one row (`kernels.attention.is_block`, flash.py's `applies`).
+"""
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Deque, Iterable, List, Optional, Sequence, Tuple
+
+import mlx.core as mx
+
+from .decode import Decoding, prefill
+from .drafters import Drafter
+from .fallback import Fallback
+from .ragged import RaggedCache
+from .rollback import rollback_row, rollback_rows, snapshot
+from .sampling import SamplingParams
+from .stats import SpecStats
+from .target import Target
+
+PAD = 0  # the token of a short block's padding positions (their outputs are unused)
+WAIT = "wait"  # what `Batch.steps` yields while its row waits for the next cycle
+
+
+@dataclass(eq=False)
+class Row:
+    """One request in a `Batch`; `tag` is the caller's."""
+
+    decoding: Decoding
+    tag: Any = None
+    # The latest cycle's outputs not yet taken by the reader of `steps`
+    # (None: a row joined by `join`, whose caller takes `step`'s return).
+    outbox: Optional[Deque[tuple]] = None
+    final: Optional[List[Any]] = None  # its caches, once done and gone
+    # Its latest cycle: (the batch's cycle count, its batch row, positions kept).
+    last: Tuple[int, int, int] = (0, 0, 0)
+
+    @property
+    def done(self) -> bool:
+        return self.decoding.done
+
+
+class Batch:
+    """Rows decoded together, one verify forward per cycle (module docstring).
+
+    Args:
+        target: the target model adapter, shared by every row.
+        prefill_step_size: prompt chunk size of a joining row's prefill.
+    """
+
+    def __init__(self, target: Target, *, prefill_step_size: int = 2048):
+        self.target = target
+        self.prefill_step_size = prefill_step_size
+        self.cache = RaggedCache()
+        self.rows: List[Row] = []
+        self.cycles = 0
+        # The latest verify's pre-verify states and width (a row taken out
+        # part way through its outputs is rolled back from them).
+        self._saved, self._width = {}, 0
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def join(self, prompt: Sequence[int], drafter: Drafter, **options):
+        """`joining` run to its end at once (nobody else runs between chunks):
+        (row, its first output)."""
+        steps = self.joining(prompt, drafter, **options)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def joining(
+        self,
+        prompt: Sequence[int],
+        drafter: Drafter,
+        *,
+        sampling: Optional[SamplingParams] = None,
+        block_size: int = 16,
+        max_tokens: int = 256,
+        stop_tokens: Iterable[int] = (),
+        logprobs: Optional[int] = None,
+        fallback: Optional[Fallback] = None,
+        stats: Optional[SpecStats] = None,
+        cache: Optional[List[Any]] = None,
+        cached: int = 0,
+        prefill_step_size: Optional[int] = None,
+        should_stop: Optional[Callable[[], bool]] = None,
+        tag: Any = None,
+    ):
+        """Prefill `prompt` alone, then decode it with the batch: a generator
+        that yields `WAIT` between prefill chunks while the batch has rows
+        (the caller runs a `step()` there, so they keep streaming) and returns
+        the row and its first token as `generate_step` yields it.
+
+        The options are `generate_step`'s; `drafter` is this row's own (a
+        drafter holds one sequence's context). `cache` (a one-row cache
+        holding `prompt[:cached]`, default a fresh one) is taken over by the
+        batch. A row done after its first token (a stop, `max_tokens` 1) does
+        not join. `prefill_step_size` overrides the batch's for this prompt;
+        `should_stop` is asked before each chunk (`Cancelled`, as `prefill`).
+        """
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        if not 0 <= cached < len(prompt):
+            raise ValueError(f"cached prefix {cached} must be shorter than the prompt")
+        cache = self.target.make_cache() if cache is None else cache
+        step = prefill_step_size or self.prefill_step_size
+        # One chunk per call: the same chunks, hence the same caches, as one
+        # call would run; between two, the batch's rows run a cycle.
+        for start in range(cached, len(prompt), step):
+            if start > cached and self.rows:
+                yield WAIT
+            logits = prefill(
+                self.target,
+                cache,
+                drafter,
+                prompt[: start + step],
+                step_size=step,
+                cached=start,
+                should_stop=should_stop,
+            )
+        d = Decoding(
+            self.target,
+            cache,
+            drafter,
+            sampling=sampling or SamplingParams(),
+            block_size=block_size,
+            max_tokens=max_tokens,
+            stop_tokens=stop_tokens,
+            logprobs=logprobs,
+            fallback=fallback,
+            stats=SpecStats(block_size) if stats is None else stats,
+        )
+        first = d.first_token(logits)
+        row = Row(d, tag)
+        if not d.done:
+            self.cache.add(d.cache)
+            d.cache = None  # the batch holds it now
+            self.rows.append(row)
+        return row, first
+
+    def step(self) -> List[Tuple[Row, List[tuple]]]:
+        """One cycle of every row; returns each row's new outputs (as
+        `generate_step` yields them). Rows done after it have left."""
+        assert self.rows, "an empty batch has no cycle"
+        rows = self.rows
+        cycles = [r.decoding.propose() for r in rows]
+        width = max(1 + c.draft.size for c in cycles)
+        blocks = []
+        for r, c in zip(rows, cycles):
+            pad = mx.full((width - 1 - c.draft.size,), PAD, mx.uint32)
+            blocks.append(
+                mx.concatenate([mx.array([r.decoding.y], mx.uint32), c.draft, pad])
+            )
+        layers, taps = self.cache.layers, self.target.delta_taps
+        saved = snapshot(layers, taps)
+        logits, features = self.target.forward(mx.stack(blocks), layers, flush=True)
+        judged = [
+            r.decoding.judge(c, logits[b, : 1 + c.draft.size])
+            for b, (r, c) in enumerate(zip(rows, cycles))
+        ]
+        mx.eval(judged)  # the one host sync
+        verdicts = [r.decoding.verdict(c, j) for r, c, j in zip(rows, cycles, judged)]
+        kept = [len(v.tokens) for v in verdicts]
+        rollback_rows(layers, taps, saved, verified=width, kept=kept)
+        self._saved, self._width = saved, width
+        self.cycles += 1
+        out = []
+        for b, (r, c, v) in enumerate(zip(rows, cycles, verdicts)):
+            r.decoding.record(c, v, None if features is None else features[b : b + 1])
+            outputs = list(r.decoding.hand_out(v))
+            if r.outbox is not None:
+                assert not r.outbox, "a row's outputs were not taken before a cycle"
+                r.outbox.extend(outputs)
+            r.last = (self.cycles, b, kept[b])
+            if r.done:
+                r.final = self.cache.row(b)
+            out.append((r, outputs))
+        self._drop([r for r in rows if r.done])
+        return out
+
+    def steps(
+        self,
+        target: Target,
+        prompt: Sequence[int],
+        drafter: Drafter,
+        *,
+        cache: Optional[List[Any]] = None,
+        **options,
+    ):
+        """A row of this batch behind `generate_step`'s signature and yields.
+
+        Between its outputs it yields `WAIT` while the row waits for the
+        batch's next cycle; the caller runs `step()` once every row it drives
+        waits (or is done), and takes each row's outputs before the next one.
+        `cache` (a list) holds `prompt + output[:-1]` when the generator ends
+        or is closed, as `generate_step` leaves it: the row leaves the batch
+        and its caches go back into that list.
+        """
+        assert target is self.target, "a batch decodes for its own target"
+        cache = self.target.make_cache() if cache is None else cache
+        row, first = yield from self.joining(prompt, drafter, cache=cache, **options)
+        row.outbox = deque()
+        if row in self.rows:
+            cache.clear()  # the batch has its own copy: free the prefill's
+        try:
+            yield first
+            while True:
+                while row.outbox:
+                    yield row.outbox.popleft()
+                if row.done or row not in self.rows:
+                    return
+                yield WAIT
+        finally:
+            self._settle(row, cache)
+
+    def _settle(self, row: Row, cache: List[Any]):
+        """`row` leaves; `cache` gets its caches, less the outputs not taken."""
+        if row in self.rows:
+            solo = self.leave(row)
+        elif row.final is not None:
+            solo = row.final
+        else:
+            return  # done at its first token: `cache` is its prefill's
+        untaken = len(row.outbox)
+        if untaken:
+            # Rolled back from the latest cycle's captures and snapshot: the
+            # untaken outputs must be that cycle's.
+            cycle, b, held = row.last
+            assert cycle == self.cycles, "a row's outputs were not taken before a cycle"
+            rollback_row(
+                solo,
+                self.target.delta_taps,
+                self._saved,
+                row=b,
+                verified=self._width,
+                held=held,
+                kept=held - untaken,
+            )
+            row.decoding.drafter.trim(untaken)
+            row.outbox.clear()
+        cache[:] = solo
+
+    def leave(self, row: Row) -> List[Any]:
+        """`row` leaves the batch (a cancel); returns its caches as a one-row
+        cache list holding `prompt + output[:-1]`, as plain decoding would."""
+        solo = self.cache.row(self.rows.index(row))
+        self._drop([row])
+        return solo
+
+    def _drop(self, gone: List[Row]):
+        if not gone:
+            return
+        stay = [b for b, r in enumerate(self.rows) if r not in gone]
+        self.cache.keep(stay)
+        self.rows = [self.rows[b] for b in stay]

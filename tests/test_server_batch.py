@@ -1,0 +1,110 @@
+"""`serve --max-batch N`: concurrent requests share the batched verify, and
+each still returns its solo output (the one-row path's, helpers.expected),
+on an attention model and a hybrid one (GatedDeltaNet, Hv != Hk)."""
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+pytest.importorskip("fastapi")  # the HTTP stack (absent on the CUDA machine)
+from helpers import LiveServer, chat_prompt, expected, random_provider
+
+QUESTIONS = [
+    "Count: one two three one two three one two",
+    "Spell hello backwards, then forwards",
+    "abc abc abc abc",
+    "What is 2 + 2? Say it twice.",
+]
+
+
+@pytest.fixture(scope="module", params=["qwen3", "qwen3_5"])
+def bsrv(request):
+    s = LiveServer(random_provider(request.param), max_batch=4)
+    # Record the batch's size each cycle, and slow each cycle a little, so the
+    # requests below overlap however fast this machine is (outputs unchanged).
+    batch, sizes = s.engine.batch, []
+    real = batch.step
+
+    def step():
+        sizes.append(len(batch))
+        time.sleep(0.005)
+        return real()
+
+    batch.step = step
+    s.sizes = sizes
+    yield s
+    s.close()
+
+
+def messages(q):
+    return [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": q},
+    ]
+
+
+def test_concurrent_requests_return_their_solo_outputs(bsrv):
+    want = [
+        expected(bsrv, chat_prompt(bsrv, messages(q)), 40 + 8 * i)
+        for i, q in enumerate(QUESTIONS)
+    ]
+    bsrv.sizes.clear()
+    gone = threading.Event()
+
+    def ask(i):
+        return bsrv.openai.chat.completions.create(
+            model="tiny", messages=messages(QUESTIONS[i]), max_tokens=40 + 8 * i
+        )
+
+    def leave_early():
+        # A fifth stream that disconnects after its first chunk.
+        body = {
+            "model": "tiny",
+            "messages": messages("Tell me a long story"),
+            "max_tokens": 400,
+            "stream": True,
+        }
+        with httpx.stream("POST", bsrv.url + "/v1/chat/completions", json=body) as r:
+            for line in r.iter_lines():
+                if line.startswith("data:"):
+                    break  # closes the connection mid-stream
+        gone.set()
+
+    with ThreadPoolExecutor(5) as pool:
+        early = pool.submit(leave_early)
+        replies = list(pool.map(ask, range(len(QUESTIONS))))
+        early.result()
+    for (tokens, text), r in zip(want, replies):
+        assert r.choices[0].message.content == text
+        assert r.usage.completion_tokens == len(tokens)
+    assert max(bsrv.sizes) >= 2  # they were verified together
+    deadline = time.time() + 20
+    while "cancelled" not in httpx.get(bsrv.url + "/metrics").text:
+        assert time.time() < deadline, "the disconnected stream was not cancelled"
+        time.sleep(0.1)
+    while bsrv.engine.batch.rows:
+        assert time.time() < deadline, "a row stayed in the batch"
+        time.sleep(0.05)
+    # ... and the server keeps serving, still exactly.
+    tokens, text = expected(bsrv, chat_prompt(bsrv, messages(QUESTIONS[0])), 12)
+    r = bsrv.openai.chat.completions.create(
+        model="tiny", messages=messages(QUESTIONS[0]), max_tokens=12
+    )
+    assert r.choices[0].message.content == text
+
+
+def test_metrics_report_the_batch(bsrv):
+    text = httpx.get(bsrv.url + "/metrics").text
+    assert "mlx_dflash_batch_size" in text and "mlx_dflash_rows_waiting" in text
+
+
+def test_max_batch_flag_is_checked(capsys):
+    from mlx_dflash.server.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--max-batch", "0"])
+    assert e.value.code == 2
+    assert "--max-batch must be >= 1" in capsys.readouterr().err
