@@ -99,24 +99,28 @@ def _replay_delta(
         c[1] = kept_states[n - 1][rows]
         return
 
-    conv_out = taps.conv._capture.outputs[rows, :n]
-    q, k, v = recurrence_inputs(la, nn.silu(conv_out))
-    a = taps.a._capture.outputs[rows, :n]
-    b = taps.b._capture.outputs[rows, :n]
+    c[1] = _recur(taps, rows, n, state0, None, steps)
+
+
+def _recur(taps: DeltaTaps, rows, n: int, state0, mask, steps):
+    """The recurrence over the first `n` verified steps of the captures'
+    `rows`, from `state0`; `mask` (rows, n) leaves a row's later steps out."""
+    la = taps.layer
+    q, k, v = recurrence_inputs(la, nn.silu(taps.conv._capture.outputs[rows, :n]))
     _, state = gated_delta(
         q,
         k,
         v,
-        a,
-        b,
+        taps.a._capture.outputs[rows, :n],
+        taps.b._capture.outputs[rows, :n],
         la.A_log,
         la.dt_bias,
         state0,
-        None,
+        mask,
         use_kernel=not la.training,
         ops=None if steps is None else steps.ops,
     )
-    c[1] = state
+    return state
 
 
 def rollback_rows(
@@ -164,21 +168,5 @@ def _replay_delta_rows(taps: DeltaTaps, c, state0, kept: List[int], verified: in
 
     # One replay of the longest kept run; a row's later steps are masked,
     # which leaves its state as it was after its own last kept step.
-    q, k, v = recurrence_inputs(la, nn.silu(taps.conv._capture.outputs[:, :longest]))
-    a = taps.a._capture.outputs[:, :longest]
-    b = taps.b._capture.outputs[:, :longest]
     mask = mx.arange(longest)[None] < n[:, None]
-    _, state = gated_delta(
-        q,
-        k,
-        v,
-        a,
-        b,
-        la.A_log,
-        la.dt_bias,
-        state0,
-        mask,
-        use_kernel=not la.training,
-        ops=None if steps is None else steps.ops,
-    )
-    c[1] = state
+    c[1] = _recur(taps, slice(None), longest, state0, mask, steps)
