@@ -23,7 +23,7 @@ from typing import Any, Callable, Deque, Iterable, List, Optional, Sequence, Tup
 
 import mlx.core as mx
 
-from .decode import Decoding, prefill
+from .decode import Decoding, check_request, prefill
 from .drafters import Drafter
 from .fallback import Fallback
 from .ragged import RaggedCache
@@ -115,12 +115,7 @@ class Batch:
         not join. `prefill_step_size` overrides the batch's for this prompt;
         `should_stop` is asked before each chunk (`Cancelled`, as `prefill`).
         """
-        if block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {block_size}")
-        if not prompt:
-            raise ValueError("the prompt is empty")
-        if not 0 <= cached < len(prompt):
-            raise ValueError(f"cached prefix {cached} must be shorter than the prompt")
+        check_request(prompt, block_size, cached)
         cache = self.target.make_cache() if cache is None else cache
         step = prefill_step_size or self.prefill_step_size
         # One chunk per call: the same chunks, hence the same caches, as one
@@ -141,13 +136,13 @@ class Batch:
             self.target,
             cache,
             drafter,
-            sampling=sampling or SamplingParams(),
+            sampling=sampling,
             block_size=block_size,
             max_tokens=max_tokens,
             stop_tokens=stop_tokens,
             logprobs=logprobs,
             fallback=fallback,
-            stats=SpecStats(block_size) if stats is None else stats,
+            stats=stats,
         )
         first = d.first_token(logits)
         row = Row(d, tag)

@@ -34,6 +34,16 @@ class Cancelled(Exception):
         self.filled = filled
 
 
+def check_request(prompt: Sequence[int], block_size: int, cached: int = 0):
+    """The errors a request's own options raise, before any work is done."""
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    if not prompt:
+        raise ValueError("the prompt is empty")
+    if not 0 <= cached < len(prompt):
+        raise ValueError(f"cached prefix {cached} must be shorter than the prompt")
+
+
 def prefill(
     target: Target,
     cache: List[Any],
@@ -123,21 +133,18 @@ def generate_step(
         (token, from_draft) pairs; with `logprobs` set,
         (token, from_draft, (logprob, [(id, logprob), ...])).
     """
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
-    if not prompt:
-        raise ValueError("the prompt is empty")
+    check_request(prompt, block_size, cached)
     d = Decoding(
         target,
         target.make_cache() if cache is None else cache,
         drafter,
-        sampling=sampling or SamplingParams(),
+        sampling=sampling,
         block_size=block_size,
         max_tokens=max_tokens,
         stop_tokens=stop_tokens,
         logprobs=logprobs,
         fallback=fallback,
-        stats=SpecStats(block_size) if stats is None else stats,
+        stats=stats,
     )
     try:
         logits = prefill(
@@ -200,14 +207,17 @@ class Decoding:
         cache: List[Any],
         drafter: Drafter,
         *,
-        sampling: SamplingParams,
+        sampling: Optional[SamplingParams],
         block_size: int,
         max_tokens: int,
         stop_tokens: Iterable[int],
         logprobs: Optional[int],
         fallback: Optional[Fallback],
-        stats: SpecStats,
+        stats: Optional[SpecStats],
     ):
+        """`sampling` None: greedy; `stats` None: a fresh `SpecStats`."""
+        sampling = sampling or SamplingParams()
+        stats = SpecStats(block_size) if stats is None else stats
         self.target, self.cache, self.drafter = target, cache, drafter
         self.params, self.block_size, self.max_tokens = sampling, block_size, max_tokens
         self.stop = set(int(t) for t in stop_tokens)
