@@ -2,7 +2,8 @@
 
 Each row is a request with its own `Decoding` (decode.py): its drafter, PRNG
 key, sampling settings, stop tokens, `max_tokens`, fallback and stats. A cycle
-drafts for every row (one drafter call per row), verifies every row's
+drafts for every row (the DFlash rows in one batched draft forward,
+`drafters.prefetch`), verifies every row's
 `[anchor, draft]` in ONE target forward over a `RaggedCache` (ragged.py; rows
 with shorter blocks are padded at the end), reads every row's acceptance in
 one host sync, and rolls each row back to its own kept length
@@ -24,7 +25,7 @@ from typing import Any, Callable, Deque, Iterable, List, Optional, Sequence, Tup
 import mlx.core as mx
 
 from .decode import Decoding, check_request, prefill
-from .drafters import Drafter
+from .drafters import Drafter, prefetch
 from .fallback import Fallback
 from .ragged import RaggedCache
 from .rollback import rollback_row, rollback_rows, snapshot
@@ -157,6 +158,8 @@ class Batch:
         `generate_step` yields them). Rows done after it have left."""
         assert self.rows, "an empty batch has no cycle"
         rows = self.rows
+        # Every DFlash row's draft in one forward; each row's `propose` takes its own.
+        prefetch([(r.decoding.drafter, r.decoding.y, r.decoding.draft_size()) for r in rows])
         cycles = [r.decoding.propose() for r in rows]
         width = max(1 + c.draft.size for c in cycles)
         blocks = []

@@ -264,9 +264,7 @@ class Decoding:
         self.tic = time.perf_counter()
         fb = self.fb
         plain = fb is not None and fb.plain
-        block = self.block_size if fb is None else fb.block
-        # Never verify more than can still be emitted: exact max_tokens, less work.
-        n_draft = 0 if plain else min(block, self.max_tokens - self.n_out) - 1
+        n_draft = self.draft_size()
         self.key, k_draft, k_accept = mx.random.split(self.key, 3)
         q = None
         if n_draft == 0:
@@ -286,6 +284,15 @@ class Decoding:
         if pending:
             mx.async_eval(pending)
         return Cycle(plain, draft, q, probe, k_accept)
+
+    def draft_size(self) -> int:
+        """How many tokens the next `propose` drafts (0: a plain step)."""
+        fb = self.fb
+        if fb is not None and fb.plain:
+            return 0
+        block = self.block_size if fb is None else fb.block
+        # Never verify more than can still be emitted: exact max_tokens, less work.
+        return min(block, self.max_tokens - self.n_out) - 1
 
     def plain_stretch(self, cycle: Cycle) -> Optional[PlainStretch]:
         """The plain steps ahead that need no decision in between, if any

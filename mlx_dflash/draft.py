@@ -12,7 +12,7 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -196,7 +196,10 @@ class DraftAttention(nn.Module):
             cap = cache.keys.shape[2]
             k = mx.concatenate([cache.keys, k], axis=2)
             v = mx.concatenate([cache.values, v], axis=2)
-        mask = block_mask(L, start, cap, causal=self.causal, window=self.window)
+        if isinstance(cache, StackedContext):
+            mask = cache.block_mask(L, causal=self.causal, window=self.window)
+        else:
+            mask = block_mask(L, start, cap, causal=self.causal, window=self.window)
         out = block_attention(q, k, v, self.scale, mask, self.from_keys)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
@@ -212,6 +215,44 @@ def block_mask(L: int, start: int, cap: int, *, causal: bool, window: Optional[i
     used = mx.concatenate([mx.arange(cap) < start, mx.ones((L,), dtype=mx.bool_)])[None]
     visible = mx.broadcast_to(used, (L, cap + L))
     return restrict(visible, qpos, kpos, causal=causal, window=window)
+
+
+class StackedContext:
+    """One layer's context K/V of several drafters side by side, for one
+    batched draft block (batch.py: every row drafts in one forward).
+
+    Row b's `BucketKVCache` buffer is copied into row b of one buffer as long
+    as the longest (read-only: context is only ever written by a drafter's
+    own `append_context`). `offset` holds each row's context length, so RoPE
+    places its block where its own forward would; `sizes` are the rows'
+    block lengths (anchor + drafted): a shorter row's padding positions are
+    hidden from its real ones, so each row's logits are its solo block's.
+    """
+
+    def __init__(self, caches: Sequence[BucketKVCache], sizes: Sequence[int]):
+        assert all(c.keys is not None for c in caches), "a drafter without context"
+        cap = max(c.keys.shape[2] for c in caches)
+
+        def stack(bufs):
+            pads = [[(0, 0), (0, 0), (0, cap - b.shape[2]), (0, 0)] for b in bufs]
+            return mx.concatenate([mx.pad(b, p) for b, p in zip(bufs, pads)])
+
+        self.keys = stack([c.keys for c in caches])
+        self.values = stack([c.values for c in caches])
+        self.offset = mx.array([c.offset for c in caches], mx.int32)
+        self.sizes = mx.array(list(sizes), mx.int32)
+
+    def block_mask(self, L: int, *, causal: bool, window: Optional[int]) -> mx.array:
+        """(B, 1, L, cap + L) bool: row b's queries see its context and its
+        own block's first sizes[b] positions (then causal / windowed)."""
+        cap = self.keys.shape[2]
+        start = self.offset[:, None, None]
+        qpos = start + mx.arange(L)[:, None]
+        j = mx.arange(cap + L)
+        kpos = mx.where(j < cap, j, start + j - cap)
+        used = mx.where(j < cap, j < start, j - cap < self.sizes[:, None, None])
+        visible = mx.broadcast_to(used, (used.shape[0], L, cap + L))
+        return restrict(visible, qpos, kpos, causal=causal, window=window)[:, None]
 
 
 def restrict(visible, qpos, kpos, *, causal: bool, window: Optional[int]):

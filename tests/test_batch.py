@@ -8,6 +8,7 @@ caches; sampled rows make the one-row run's draws for the same seed and are
 distributed as the target.
 """
 
+import dataclasses
 import random
 
 import mlx.core as mx
@@ -27,8 +28,14 @@ from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 from models import VOCAB, tiny_model
 
 from mlx_dflash.batch import WAIT, Batch
-from mlx_dflash.decode import generate_step
-from mlx_dflash.drafters import DFlashDrafter, OracleDrafter, PromptLookupDrafter
+from mlx_dflash.decode import generate_step, prefill
+from mlx_dflash.draft import DFlashDraft
+from mlx_dflash.drafters import (
+    DFlashDrafter,
+    OracleDrafter,
+    PromptLookupDrafter,
+    prefetch,
+)
 from mlx_dflash.fallback import Fallback
 from mlx_dflash.sampling import SamplingParams
 from mlx_dflash.stats import SpecStats
@@ -299,6 +306,36 @@ def test_dflash_and_lookup_rows_match_solo_runs(family):
         assert out[i] == solo[i][0] == stock(model, p, 30), i
         assert stats[i].drafted_at == solo[i][1].drafted_at, i
         assert stats[i].accepted_at == solo[i][1].accepted_at, i
+
+
+@pytest.mark.parametrize("sliding", [False, True])
+def test_one_batched_draft_forward_gives_each_row_its_own_logits(sliding):
+    """`prefetch`: rows of different context lengths (one past a 256-key
+    bucket) and block sizes drafted in one forward get the logits of their
+    own forward, with causal + windowed layers too."""
+    target = Target(model_of("qwen3"))
+    args = random_dflash(target).draft.args
+    if sliding:
+        args = dataclasses.replace(
+            args, layer_types=["sliding_attention", "full_attention"], sliding_window=3
+        )
+    mx.random.seed(3)
+    draft = DFlashDraft(args)
+    draft.set_dtype(mx.float32)
+    rows = []
+    for i, (n_ctx, n) in enumerate([(12, 7), (300, 3), (5, 7), (9, 1)]):
+        d = DFlashDrafter(draft, target)
+        p = prompt(60 + i, n_ctx)
+        prefill(target, target.make_cache(), d, p)
+        rows.append((d, p[-1], n))
+    solo = [np.array(d._logits(a, n)) for d, a, n in rows]
+    prefetch(rows)
+    for (d, a, n), own in zip(rows, solo):
+        assert d.ready is not None
+        got = np.array(d._logits(a, n))
+        assert got.shape == own.shape == (n, VOCAB)
+        np.testing.assert_allclose(got, own, atol=1e-4)
+        assert d.ready is None  # taken once
 
 
 @pytest.mark.parametrize(

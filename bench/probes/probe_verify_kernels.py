@@ -7,6 +7,8 @@ a one-token step of the same target at the same context:
     ncu --clock-control none --csv --metrics gpu__time_duration.sum \\
         python bench/probes/probe_verify_kernels.py qwen3-8b > verify.csv
     python bench/probes/probe_verify_kernels.py --table verify.csv
+
+`--quantize 4` profiles the target quantized as `bench --quantize 4` builds it.
 """
 
 import argparse
@@ -35,12 +37,12 @@ def marker(tag: str):
     )
 
 
-def run(shape: str, context: int, block: int):
+def run(shape: str, context: int, block: int, quantize=None, group_size: int = 64):
     from mlx_dflash.bench.shapes import build_target
     from mlx_dflash.rollback import rollback, snapshot
     from mlx_dflash.target import Target
 
-    target = Target(build_target(shape))
+    target = Target(build_target(shape, quantize=quantize, group_size=group_size))
     cache = target.make_cache()
     mx.eval(target.forward(mx.random.randint(0, 1000, (1, context)), cache)[0])
     tokens = mx.random.randint(0, 1000, (1, block)).astype(mx.uint32)
@@ -107,12 +109,14 @@ def main():
     p.add_argument("shape", nargs="?", default="qwen3-8b")
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--block", type=int, default=16)
+    p.add_argument("--quantize", type=int, choices=(4, 8), help="affine bits (as bench)")
+    p.add_argument("--group-size", type=int, default=64)
     p.add_argument("--table", help="print the kernels of an ncu --csv log by kind")
     a = p.parse_args()
     if a.table:
         table(a.table)
     else:
-        run(a.shape, a.context, a.block)
+        run(a.shape, a.context, a.block, a.quantize, a.group_size)
 
 
 if __name__ == "__main__":
