@@ -14,8 +14,9 @@ when the caller lets them go. A row's tokens are its solo
 `generate_step`'s: greedy token for token, sampled with the same draws for the
 same seed (the row's key is split exactly as the solo run splits it).
 
-Block kernels (kernels/) stay on the one-row path: they decline inputs of more
-than one row (`kernels.attention.is_block`, flash.py's `applies`).
+The block kernels (kernels/) take a batched block of up to 64 rows in all
+(B rows x L) as one block of rows (`kernels.attention.is_block`); flash.py's
+attention is one-row only, so batched attention is MLX's with the ragged mask.
 """
 
 from collections import deque
@@ -28,7 +29,7 @@ from .decode import Decoding, check_request, prefill
 from .drafters import Drafter, prefetch
 from .fallback import Fallback
 from .ragged import RaggedCache
-from .rollback import rollback_row, rollback_rows, snapshot
+from .rollback import rollback, rollback_row, rollback_rows, snapshot
 from .sampling import SamplingParams
 from .stats import SpecStats
 from .target import Target
@@ -148,10 +149,32 @@ class Batch:
         first = d.first_token(logits)
         row = Row(d, tag)
         if not d.done:
-            self.cache.add(d.cache)
-            d.cache = None  # the batch holds it now
+            if self.rows:
+                self._to_ragged()
+                self.cache.add(d.cache)
+                d.cache = None  # the batch holds it now
             self.rows.append(row)
         return row, first
+
+    # A batch of one row decodes over that row's own one-row cache (its
+    # `decoding.cache`), as `generate_step` does: the one-row kernels (flash.py
+    # attention over a `BucketKVCache`) apply, so one stream is no slower in a
+    # batch. A second row moves it into the `RaggedCache`; back to one row,
+    # the survivor moves out again (a copy of its K/V each way).
+
+    def _solo(self) -> bool:
+        return len(self.rows) == 1 and self.rows[0].decoding.cache is not None
+
+    def _to_ragged(self):
+        if self._solo():
+            d = self.rows[0].decoding
+            self.cache.add(d.cache)
+            d.cache = None
+
+    def _caches_of(self, b: int) -> List[Any]:
+        """Row b's caches as a one-row cache list (a copy from the batch's)."""
+        d = self.rows[b].decoding
+        return d.cache if d.cache is not None else self.cache.row(b)
 
     def step(self) -> List[Tuple[Row, List[tuple]]]:
         """One cycle of every row; returns each row's new outputs (as
@@ -168,7 +191,9 @@ class Batch:
             blocks.append(
                 mx.concatenate([mx.array([r.decoding.y], mx.uint32), c.draft, pad])
             )
-        layers, taps = self.cache.layers, self.target.delta_taps
+        solo = self._solo()
+        layers = rows[0].decoding.cache if solo else self.cache.layers
+        taps = self.target.delta_taps
         saved = snapshot(layers, taps)
         logits, features = self.target.forward(mx.stack(blocks), layers, flush=True)
         judged = [
@@ -178,7 +203,10 @@ class Batch:
         mx.eval(judged)  # the one host sync
         verdicts = [r.decoding.verdict(c, j) for r, c, j in zip(rows, cycles, judged)]
         kept = [len(v.tokens) for v in verdicts]
-        rollback_rows(layers, taps, saved, verified=width, kept=kept)
+        if solo:
+            rollback(layers, taps, saved, verified=width, kept=kept[0])
+        else:
+            rollback_rows(layers, taps, saved, verified=width, kept=kept)
         self._saved, self._width = saved, width
         self.cycles += 1
         out = []
@@ -190,7 +218,7 @@ class Batch:
                 r.outbox.extend(outputs)
             r.last = (self.cycles, b, kept[b])
             if r.done:
-                r.final = self.cache.row(b)
+                r.final = self._caches_of(b)
             out.append((r, outputs))
         self._drop([r for r in rows if r.done])
         return out
@@ -218,7 +246,9 @@ class Batch:
         row, first = yield from self.joining(prompt, drafter, cache=cache, **options)
         row.outbox = deque()
         if row in self.rows:
-            cache.clear()  # the batch has its own copy: free the prefill's
+            if row.decoding.cache is cache:  # a batch of one: its own caches
+                row.decoding.cache = list(cache)
+            cache.clear()  # the batch holds them (or its own copy): free the list
         try:
             yield first
             while True:
@@ -260,7 +290,7 @@ class Batch:
     def leave(self, row: Row) -> List[Any]:
         """`row` leaves the batch (a cancel); returns its caches as a one-row
         cache list holding `prompt + output[:-1]`, as plain decoding would."""
-        solo = self.cache.row(self.rows.index(row))
+        solo = self._caches_of(self.rows.index(row))
         self._drop([row])
         return solo
 
@@ -268,5 +298,11 @@ class Batch:
         if not gone:
             return
         stay = [b for b, r in enumerate(self.rows) if r not in gone]
+        if self._solo():
+            self.rows = [self.rows[b] for b in stay]
+            return
         self.cache.keep(stay)
         self.rows = [self.rows[b] for b in stay]
+        if len(self.rows) == 1:  # back to one row: it decodes over its own caches
+            self.rows[0].decoding.cache = self.cache.row(0)
+            self.cache.keep([])

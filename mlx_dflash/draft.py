@@ -174,22 +174,30 @@ class DraftAttention(nn.Module):
         # (kernels/attention.py); the drafter's block path sets it.
         self.from_keys = math.inf
 
-    def kv(self, x: mx.array, offset: int):
-        B, L, _ = x.shape
-        k = self.k_norm(self.k_proj(x).reshape(B, L, self.n_kv_heads, -1))
-        v = self.v_proj(x).reshape(B, L, self.n_kv_heads, -1)
+    def kv(self, x: mx.array, offset):
+        return self._kv_heads(self.k_proj(x), self.v_proj(x), offset)
+
+    def _kv_heads(self, k: mx.array, v: mx.array, offset):
+        B, L, _ = k.shape
+        k = self.k_norm(k.reshape(B, L, self.n_kv_heads, -1))
         k = self.rope(k.transpose(0, 2, 1, 3), offset=offset)
-        return k, v.transpose(0, 2, 1, 3)
+        return k, v.reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
 
     def append_context(self, ctx: mx.array, cache: KVCache):
         cache.update_and_fetch(*self.kv(ctx, cache.offset))
 
-    def __call__(self, x: mx.array, cache: BucketKVCache) -> mx.array:
-        B, L, _ = x.shape
+    def __call__(self, x: mx.array, cache) -> mx.array:
+        out = self.attend(self.q_proj(x), self.k_proj(x), self.v_proj(x), cache)
+        return self.o_proj(out)
+
+    def attend(self, q: mx.array, k: mx.array, v: mx.array, cache) -> mx.array:
+        """The block's attention from its q/k/v projections (B, L, ·) to
+        o_proj's input; `cache` a `BucketKVCache` or a `StackedContext`."""
+        B, L, _ = q.shape
         start = cache.offset
-        q = self.q_norm(self.q_proj(x).reshape(B, L, self.n_heads, -1))
+        q = self.q_norm(q.reshape(B, L, self.n_heads, -1))
         q = self.rope(q.transpose(0, 2, 1, 3), offset=start)
-        k, v = self.kv(x, start)
+        k, v = self._kv_heads(k, v, start)
         cap = 0
         if cache.keys is not None:
             # The whole bucketed buffer: the key length changes once per bucket.
@@ -201,7 +209,7 @@ class DraftAttention(nn.Module):
         else:
             mask = block_mask(L, start, cap, causal=self.causal, window=self.window)
         out = block_attention(q, k, v, self.scale, mask, self.from_keys)
-        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        return out.transpose(0, 2, 1, 3).reshape(B, L, -1)
 
 
 def block_mask(L: int, start: int, cap: int, *, causal: bool, window: Optional[int]):

@@ -19,7 +19,7 @@ from typing import Any, List, Sequence
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache
 
-from .cache import additive
+from .cache import BucketKVCache, additive
 
 
 class RaggedKVCache:
@@ -31,6 +31,7 @@ class RaggedKVCache:
         self.keys = self.values = None
         self.lengths: List[int] = []
         self.offset = mx.array([], mx.int32)
+        self.kind = KVCache  # the one-row caches' class (`row` makes one)
 
     def _set_lengths(self, lengths: List[int]):
         self.lengths = list(lengths)
@@ -80,6 +81,7 @@ class RaggedKVCache:
         """A one-row cache's positions become a new last row."""
         n = kv.offset
         k, v = kv.keys[..., :n, :], kv.values[..., :n, :]
+        self.kind = type(kv)
         if self.keys is None:
             self.keys, self.values = k[:0, :, :0], v[:0, :, :0]
         cap = max(self.keys.shape[2], -(-n // self.step) * self.step)
@@ -94,11 +96,14 @@ class RaggedKVCache:
         self._set_lengths([self.lengths[r] for r in rows])
 
     def row(self, b: int) -> KVCache:
-        """Row b as a one-row `KVCache` (a copy)."""
-        kv = KVCache()
+        """Row b as a one-row cache of the class it came in as (a copy): a
+        `KVCache` of exactly its keys, a `BucketKVCache` over the whole
+        (bucket-sized) buffer."""
+        kv = self.kind()
         n = self.lengths[b]
-        kv.keys = mx.contiguous(self.keys[b : b + 1, :, :n])
-        kv.values = mx.contiguous(self.values[b : b + 1, :, :n])
+        end = self.keys.shape[2] if isinstance(kv, BucketKVCache) else n
+        kv.keys = mx.contiguous(self.keys[b : b + 1, :, :end])
+        kv.values = mx.contiguous(self.values[b : b + 1, :, :end])
         kv.offset = n
         return kv
 

@@ -457,10 +457,11 @@ def test_logprobs_per_row_equal_solo():
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3_5"])
-def test_block_kernels_take_no_batched_rows(family):
-    """With the backend faked at its seam (test_linear.py), the one-row
-    kernels (whole layers, fused attention, flash) decline a batched verify,
-    and the batched rows still equal stock."""
+def test_block_kernels_take_batched_rows(family):
+    """With the backend faked at its seam (test_linear.py), a batched verify
+    of up to 64 rows in all takes the matmul launches as one block (whole
+    layers where mirrored), flash.py's one-row attention declines it, and
+    the batched rows still equal stock."""
     from test_linear import OpsKernels
 
     from mlx_dflash.kernels import BlockPath
@@ -469,7 +470,8 @@ def test_block_kernels_take_no_batched_rows(family):
     ops = OpsKernels()
     target = Target(tiny_model(family), block_path=BlockPath.choose(ops))
     assert is_block(mx.zeros((1, 4, 8)), KVCache())
-    assert not is_block(mx.zeros((2, 4, 8)), KVCache())
+    assert is_block(mx.zeros((4, 16, 8)), KVCache())
+    assert not is_block(mx.zeros((5, 16, 8)), KVCache())  # 80 rows
     model = target.model
     prompts = [prompt(50, 7), prompt(51, 19), prompt(52, 3)]
     refs = [stock(model, p, 30) for p in prompts]
@@ -483,5 +485,53 @@ def test_block_kernels_take_no_batched_rows(family):
         for row, toks in batch.step():
             out[row.tag] += [t for t, _ in toks]
     assert [out[i] for i in range(3)] == refs
-    for name in ("qkv", "residual", "norm", "flash"):
-        assert ops.calls[name] == 0, name
+    assert ops.calls["flash"] == 0
+    assert ops.calls["matmul"] + ops.calls["swiglu"] > 0
+    if family == "llama":  # qwen2's q/k/v have biases, qwen3_5's layers are not mirrored
+        for name in ("qkv", "residual", "norm"):
+            assert ops.calls[name] > 0, name
+
+
+def test_a_batch_of_one_decodes_over_its_own_caches():
+    """A row alone takes the one-row path (flash.py's attention over its own
+    `BucketKVCache`, backend faked at its seam); a second row moves it into
+    the ragged caches, and back out when that row leaves; every token is
+    stock's throughout."""
+    from test_linear import OpsKernels
+
+    from mlx_dflash.cache import BucketKVCache
+    from mlx_dflash.kernels import BlockPath
+
+    ops = OpsKernels()
+    model = tiny_model("llama")
+    target = Target(model, block_path=BlockPath.choose(ops))
+    p1, p2 = prompt(70, 9), prompt(71, 14)
+    r1, r2 = stock(model, p1, 40), stock(model, p2, 12)
+    batch, out = Batch(target), {}
+
+    def join(tag, p, ref, n):
+        drafter = OracleDrafter(p + ref, vocab_size=VOCAB, schedule=[3, 7])
+        cache = target.make_cache(bucket=True)
+        row, first = batch.join(p, drafter, max_tokens=n, block_size=8, cache=cache, tag=tag)
+        out[tag] = [first[0]]
+        return row
+
+    def step():
+        for row, toks in batch.step():
+            out[row.tag] += [t for t, _ in toks]
+
+    row1 = join(1, p1, r1, 40)
+    step()
+    flash = ops.calls["flash"]
+    assert flash > 0
+    row2 = join(2, p2, r2, 12)
+    assert row1.decoding.cache is None  # its caches are a row of the batch's
+    step()
+    assert ops.calls["flash"] == flash  # two rows: MLX's attention, ragged mask
+    while row2 in batch.rows:
+        step()
+    assert isinstance(row1.decoding.cache[0], BucketKVCache)
+    while batch.rows:
+        step()
+    assert ops.calls["flash"] > flash
+    assert out[1] == r1 and out[2] == r2

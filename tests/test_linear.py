@@ -370,6 +370,33 @@ def test_draft_blocks_through_kernels_match_ops(kernel_as_ops):
     assert kernel_as_ops.ops.calls["flash"] > 0
 
 
+def test_batched_draft_blocks_through_kernels_match_each_rows_own(kernel_as_ops):
+    """Several rows' draft blocks in one forward (batch.py's `prefetch`) take
+    the fused layer launches around the draft's own attention ops (flash.py's
+    is one-row) and give each row the logits of its own block."""
+    from helpers import random_dflash, setup
+
+    from mlx_dflash.decode import prefill
+    from mlx_dflash.drafters import DFlashDrafter, prefetch
+
+    model, _ = setup("qwen3")
+    target = Target(model, block_path=kernel_as_ops)
+    draft = random_dflash(target).draft
+    rows = []
+    for i, n_ctx in enumerate((12, 30, 7)):
+        d = DFlashDrafter(draft, target)
+        tokens = list(range(3 + i, 3 + i + n_ctx))
+        prefill(target, target.make_cache(), d, tokens)
+        rows.append((d, tokens[-1], 15 - 4 * i))
+    own = [d._logits(a, n) for d, a, n in rows]
+    calls = kernel_as_ops.ops.calls
+    qkv, flash = calls["qkv"], calls["flash"]
+    prefetch(rows)
+    assert calls["qkv"] > qkv and calls["flash"] == flash
+    for (d, a, n), o in zip(rows, own):
+        assert mx.allclose(d._logits(a, n), o, atol=1e-5).item()
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_5"])
 def test_quantized_targets_take_the_block_wrappers(kernel_as_ops, family):
     """A 4-bit target (mlx.nn.quantize, affine) through the wrappers with the

@@ -96,15 +96,24 @@ def attend(
 
 
 def is_block(x: mx.array, cache) -> bool:
-    """Whether this call is one row's verify/draft-sized block over a plain KV
-    cache (quantized caches, `bits`, are attended mlx_lm's own way; several
-    rows, batch.py's, take the stock layers: these kernels assume one row)."""
+    """Whether this call is a verify/draft-sized block over a plain KV cache
+    (quantized caches, `bits`, are attended mlx_lm's own way): one row's, or
+    several rows' (batch.py's, over a `RaggedKVCache`) of at most MAX_BLOCK
+    rows in all, which the matmul launches take as one block of B x L rows
+    (flash.py's attention and the fold stay one-row: they check for it)."""
+    B, L = x.shape[0], x.shape[1]
     return (
         cache is not None
         and not hasattr(cache, "bits")
-        and x.shape[0] == 1
-        and 1 < x.shape[1] <= MAX_BLOCK
+        and 1 < L
+        and B * L <= MAX_BLOCK
     )
+
+
+def longest(cache) -> int:
+    """The cache's longest row (its `offset` is per row in a batch)."""
+    lengths = getattr(cache, "lengths", None)
+    return max(lengths) if isinstance(lengths, list) and lengths else int(cache.offset)
 
 
 class BlockAttention(Wrapper):
@@ -139,7 +148,7 @@ class BlockAttention(Wrapper):
         ws = [weight_of(stock(a[n])) for n in ("q_proj", "k_proj", "v_proj")]
         fuse = self.fuse_qkv and ops.applies(x, *ws)
         own = self.kernel is not None and ops.attention_applies(self.kernel, x, cache)
-        own = own or cache.offset + x.shape[1] >= self.from_keys
+        own = own or longest(cache) + x.shape[1] >= self.from_keys
         if not (fuse or own):
             return a(x, mask=mask, cache=cache)
         if fuse:

@@ -58,8 +58,10 @@ class BlockLayer(Wrapper):
 class DraftBlockLayer(Wrapper):
     """Wraps one DFlash `DraftLayer` instance: a draft block whose layer fits
     takes the four launches around flash.py's non-causal (or causal)
-    attention; the block's keys go past the context, where the next commit
-    writes. Sliding-window layers and every other call run the stock layer."""
+    attention (the block's keys go past the context, where the next commit
+    writes), or around the draft's own attention ops where flash.py's does
+    not apply (several rows, a sliding window). Every other call runs the
+    stock layer."""
 
     def __init__(self, inner: nn.Module, ops):
         super().__init__(inner)
@@ -69,18 +71,18 @@ class DraftBlockLayer(Wrapper):
     def __call__(self, x: mx.array, cache) -> mx.array:
         l, ops, p = self.inner, self.ops, self.params
         a = l["self_attn"]
-        if not (
-            a.window is None
-            and p is not None
-            and ops.attention_applies(p, x, cache)
-            and fusable(*linears(l))
-            and fits(ops, l, x)
-        ):
+        if not (fusable(*linears(l)) and fits(ops, l, x)):
             return l(x, cache)
-        norms = qk_norms(l)
+        if a.window is None and p is not None and ops.attention_applies(p, x, cache):
+            norms = qk_norms(l)
 
-        def attention(q, k, v):
-            return ops.attend(p, q, k, v, cache, norms, a.causal, advance=False)
+            def attention(q, k, v):
+                return ops.attend(p, q, k, v, cache, norms, a.causal, advance=False)
+
+        else:  # several rows (batch.py's), a window, a head size flash lacks
+
+            def attention(q, k, v):
+                return a.attend(q, k, v, cache)
 
         return fused(ops, l, x, attention)
 
