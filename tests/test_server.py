@@ -7,13 +7,13 @@ Tiny random fp32 models with a character-level chat tokenizer; a scripted
 import json
 import time
 
-import anthropic
 import httpx
 import mlx.core as mx
-import openai
 import pytest
 
 pytest.importorskip("fastapi")  # the HTTP stack (absent on the CUDA machine)
+anthropic = pytest.importorskip("anthropic")  # the SDKs, as absent there
+openai = pytest.importorskip("openai")  # the SDKs, as absent there
 from helpers import (
     MESSAGES,
     TOOLS_AN,

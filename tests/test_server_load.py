@@ -28,12 +28,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import anthropic
 import httpx
-import openai
 import pytest
 
 pytest.importorskip("fastapi")  # the HTTP stack (absent on the CUDA machine)
+anthropic = pytest.importorskip("anthropic")  # the SDKs, as absent there
+openai = pytest.importorskip("openai")  # the SDKs, as absent there
 from helpers import serve_process
 from models import save_tiny_model_dir
 

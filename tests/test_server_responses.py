@@ -14,10 +14,10 @@ import typing
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 
 pytest.importorskip("fastapi")  # the HTTP stack (absent on the CUDA machine)
+openai = pytest.importorskip("openai")  # the SDKs, as absent there
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 from helpers import (

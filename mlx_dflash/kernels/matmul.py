@@ -422,14 +422,29 @@ def tiled(dtype, *weights: Weight) -> bool:
     )
 
 
+# Packed weights of group size 128 failed to launch at 64 rows on the H200
+# (cuGraphAddKernelNode: invalid argument, every bits/shape tried; 2 and 17 rows
+# pass: bench/results/h200-cuda-tests-linear.log; cause not found yet). Above
+# two row tiles they take stock's quantized_matmul.
+PACKED_MAX_ROWS = {128: 32}
+
+
+def rows_fit(rows: int, *weights: Weight) -> bool:
+    """Whether a launch takes `rows` rows with these weights."""
+    limit = min(
+        [MAX_ROWS]
+        + [PACKED_MAX_ROWS.get(w.group_size, MAX_ROWS) for w in weights if isinstance(w, Packed)]
+    )
+    return 1 < rows <= limit
+
+
 def applies(x: mx.array, *weights: Weight) -> bool:
     """Whether the kernel takes `x @ w.T` for each of `weights` (else stock)."""
     if x.ndim < 2 or mx.default_device() != mx.gpu:
         return False
     k = x.shape[-1]
-    rows = x.size // max(k, 1)
     return (
-        1 < rows <= MAX_ROWS
+        rows_fit(x.size // max(k, 1), *weights)
         and tiled(x.dtype, *weights)
         and all(w.shape[1] == k for w in weights)
     )
