@@ -19,6 +19,7 @@ The block kernels (kernels/) take a batched block of up to 64 rows in all
 attention is one-row only, so batched attention is MLX's with the ragged mask.
 """
 
+import copy
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Deque, Iterable, List, Optional, Sequence, Tuple
@@ -28,7 +29,7 @@ import mlx.core as mx
 from .decode import Decoding, check_request, prefill
 from .drafters import Drafter, prefetch
 from .fallback import Fallback
-from .ragged import RaggedCache
+from .ragged import RaggedCache, RaggedKVCache
 from .rollback import rollback, rollback_row, rollback_rows, snapshot
 from .sampling import SamplingParams
 from .stats import SpecStats
@@ -54,6 +55,48 @@ class Row:
     @property
     def done(self) -> bool:
         return self.decoding.done
+
+
+class RowCache:
+    """Layer `i` of a batch row's caches, read where they are now: the row's
+    own one-row caches (a batch of one), its row of the batch's, or its
+    caches once done. `Batch.steps` puts these in the caller's cache list
+    while the row decodes, so a reader of that list (the prompt cache's
+    cut-point recorder) sees the row's `offset` and copies its states
+    (`copy.deepcopy` gives a one-row cache of the model's own kind)."""
+
+    def __init__(self, batch: "Batch", row: Row, i: int):
+        self.batch, self.row, self.i = batch, row, i
+
+    def _solo(self):
+        """The layer's one-row cache, or None while it is a row of the batch's."""
+        r = self.row
+        if r.decoding.cache is not None:
+            return r.decoding.cache[self.i]
+        if r not in self.batch.rows:
+            return r.final[self.i]
+        return None
+
+    @property
+    def offset(self) -> int:
+        solo = self._solo()
+        if solo is not None:
+            return solo.offset
+        layer = self.batch.cache.layers[self.i]
+        if not isinstance(layer, RaggedKVCache):
+            raise AttributeError("a recurrent layer has no offset")
+        return layer.lengths[self.batch.rows.index(self.row)]
+
+    def is_trimmable(self) -> bool:
+        solo = self._solo()
+        layer = solo if solo is not None else self.batch.cache.layers[self.i]
+        return isinstance(layer, RaggedKVCache) or layer.is_trimmable()
+
+    def __deepcopy__(self, memo):
+        solo = self._solo()
+        if solo is not None:
+            return copy.deepcopy(solo, memo)
+        return self.batch.cache.row_layer(self.i, self.batch.rows.index(self.row))
 
 
 class Batch:
@@ -248,7 +291,9 @@ class Batch:
         if row in self.rows:
             if row.decoding.cache is cache:  # a batch of one: its own caches
                 row.decoding.cache = list(cache)
-            cache.clear()  # the batch holds them (or its own copy): free the list
+            # The batch holds them (or its own copy); meanwhile the caller's
+            # list shows where they are (`RowCache`).
+            cache[:] = [RowCache(self, row, i) for i in range(len(cache))]
         try:
             yield first
             while True:

@@ -162,15 +162,16 @@ class RaggedCache:
 
     def row(self, b: int) -> List[Any]:
         """Row b as a one-row cache list of the model's own kinds (a copy)."""
-        out = []
-        for c in self.layers:
-            if isinstance(c, RaggedKVCache):
-                out.append(c.row(b))
-            else:
-                a = ArraysCache(len(c.cache))
-                a.cache = [mx.contiguous(x[b : b + 1]) for x in c.cache]
-                out.append(a)
-        return out
+        return [self.row_layer(i, b) for i in range(len(self.layers))]
+
+    def row_layer(self, i: int, b: int):
+        """Layer i of row b as a one-row cache of the model's own kind (a copy)."""
+        c = self.layers[i]
+        if isinstance(c, RaggedKVCache):
+            return c.row(b)
+        a = ArraysCache(len(c.cache))
+        a.cache = [mx.contiguous(x[b : b + 1]) for x in c.cache]
+        return a
 
     def lengths(self) -> List[int]:
         for c in self.layers:

@@ -88,15 +88,15 @@ def text_of(tok, messages) -> str:
     )
 
 
-def run_turns(family: str, turns: int = 4, check: bool = True) -> list:
-    """Agent-style turns against a live server; one row per turn.
+def run_turns(family: str, turns: int = 4, check: bool = True, max_batch: int = 1) -> list:
+    """Agent-style turns against a live server (`--max-batch`); one row per turn.
 
     `check`: assert each answer equals a cold run of the spliced token
     sequence and turns >= 2 reuse >= 95% of the previous prompt + reply.
     """
     tok = bpe_tokenizer()
     target = Target(chat_model(family, len(tok), seed=1))
-    srv = LiveServer(lambda: (target, tok, PromptLookupDrafter(), 4))
+    srv = LiveServer(lambda: (target, tok, PromptLookupDrafter(), 4), max_batch=max_batch)
     eos = tok.eos_token_ids
     rng = random.Random(family)
     rows, previous = [], 0
@@ -161,6 +161,51 @@ def run_turns(family: str, turns: int = 4, check: bool = True) -> list:
 @pytest.mark.parametrize("family", ["llama", "qwen3_5"])
 def test_turns_reuse_the_previous_reply(family):
     run_turns(family)
+
+
+def test_batched_turns_reuse_the_previous_reply():
+    """The same through the batched engine (`--max-batch 2`), hybrid target."""
+    run_turns("qwen3_5", max_batch=2)
+
+
+def test_batched_replies_leave_true_cut_points():
+    """A hybrid reply decoded by the batched engine (`--max-batch 2`) leaves
+    its prompt-cache entry mid-reply cut points as the one-at-a-time engine
+    does: at each, the GatedDeltaNet states copied are those of the entry's
+    first n tokens run from scratch. (The points need not be at the same n:
+    the batched engine runs fallback plain steps as one-token cycles, the
+    one-at-a-time one as pipelined stretches.)"""
+    import mlx.core as mx
+    import numpy as np
+    from mlx_lm.models.cache import ArraysCache
+
+    tok = bpe_tokenizer()
+    target = Target(chat_model("qwen3_5", len(tok), seed=1))
+    messages = [{"role": "user", "content": "step 0: " + " ".join(WORDS[:30])}]
+    for max_batch in (1, 2):
+        srv = LiveServer(
+            lambda: (target, tok, PromptLookupDrafter(), 4),
+            max_batch=max_batch,
+            reply_point_tokens=8,
+        )
+        try:
+            r = srv.openai.chat.completions.create(
+                model="tiny", messages=messages, max_tokens=60
+            )
+            assert r.usage.completion_tokens > 24
+            entry = list(srv.engine.prompt_cache._entries.values())[-1]
+        finally:
+            srv.close()
+        points = [p for p in entry.points if p.states]
+        assert len(points) >= 2, max_batch
+        for p in points:
+            cache = target.make_cache()
+            target.forward(mx.array([entry.tokens[: p.n]]), cache)
+            ref = [c for c in cache if isinstance(c, ArraysCache)]
+            assert len(ref) == len(p.states)
+            for x, y in zip(ref, p.states):
+                for u, v in zip(x.cache, y.cache):
+                    np.testing.assert_allclose(np.array(u), np.array(v), atol=1e-4)
 
 
 def main():

@@ -328,7 +328,6 @@ class PointRecorder:
 
     def __init__(self, cache: List[Any], prompt_len: int, text: str, every: int):
         self.cache, self.prompt_len, self.text, self.every = cache, prompt_len, text, every
-        self.anchor = next((c for c in cache if hasattr(c, "offset")), None)
         self.trimmable = all(c.is_trimmable() for c in cache)
         self.points: List[Point] = []
         self.reply: List[str] = []
@@ -338,12 +337,11 @@ class PointRecorder:
     def before(self, j: int, detokenizer):
         n, here = self.prompt_len + j, len(self.text) + sum(map(len, self.reply))
         self.last = Point(n, here) if settled(detokenizer) else None
-        if (
-            self.last is None
-            or j - self._taken < self.every
-            or self.anchor is None
-            or self.anchor.offset != n
-        ):
+        if self.last is None or j - self._taken < self.every:
+            return
+        # Looked up each time: in a batch the list's entries change (batch.RowCache).
+        anchor = next((c for c in self.cache if hasattr(c, "offset")), None)
+        if anchor is None or anchor.offset != n:
             return
         if not self.trimmable:
             self.last.states = [copy.deepcopy(c) for c in self.cache if not c.is_trimmable()]
