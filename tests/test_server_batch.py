@@ -96,9 +96,36 @@ def test_concurrent_requests_return_their_solo_outputs(bsrv):
     assert r.choices[0].message.content == text
 
 
-def test_metrics_report_the_batch(bsrv):
-    text = httpx.get(bsrv.url + "/metrics").text
-    assert "mlx_dflash_batch_size" in text and "mlx_dflash_rows_waiting" in text
+def _metric(text, name):
+    return float(next(l.split()[-1] for l in text.splitlines() if l.startswith(name + " ")))
+
+
+def test_metrics_report_the_batch():
+    """/metrics: the batch's size and waiting rows, each row's τ while it
+    decodes, and every finished generation's τ in a histogram."""
+    srv = LiveServer(random_provider("qwen3"), max_batch=2, fallback=None)
+    try:
+        text = httpx.get(srv.url + "/metrics").text
+        assert "mlx_dflash_batch_size" in text and "mlx_dflash_rows_waiting" in text
+        live = None
+        with srv.openai.chat.completions.create(
+            model="tiny", messages=messages(QUESTIONS[2]), max_tokens=200, stream=True
+        ) as stream:
+            for i, _ in enumerate(stream):
+                if i == 10:  # cycles have run: the row's τ so far is on show
+                    live = httpx.get(srv.url + "/metrics").text
+        if live is not None:  # (a reply shorter than 10 chunks shows no live row)
+            assert 'mlx_dflash_batch_row_tau{row="0"}' in live
+        r = srv.openai.chat.completions.create(
+            model="tiny", messages=messages(QUESTIONS[0]), max_tokens=50
+        )
+        tau = r.model_extra["mlx_dflash"]["spec"]["tau"]
+        text = httpx.get(srv.url + "/metrics").text
+        assert _metric(text, "mlx_dflash_tau_count") == 2
+        assert _metric(text, "mlx_dflash_tau_sum") >= 1 + tau - 1e-3  # usage rounds τ
+        assert 'mlx_dflash_batch_row_tau{row="0"}' not in text  # the batch is empty
+    finally:
+        srv.close()
 
 
 def test_max_batch_flag_is_checked(capsys):

@@ -261,11 +261,21 @@ class Engine:
                     self._batched.remove(job)
                     job.finished.set()
             self.metrics.batch_size.set(len(self.batch))
+            self._row_metrics()
             if self.batch.rows:
                 self._cycle(running)
             elif not running and self._queue.empty():
                 self._idle()
         self._batched.clear()
+
+    def _row_metrics(self):
+        """Each batch row's τ so far, labelled by its place in the batch."""
+        gauge = self.metrics.row_tau
+        gauge.clear()
+        for b, row in enumerate(self.batch.rows):
+            tau = row.decoding.stats.tau
+            if tau is not None:
+                gauge.labels(row=str(b)).set(tau)
 
     def _cycle(self, running):
         """One batched cycle; if it fails, every job in it ends with the error."""

@@ -231,6 +231,7 @@ def _record(engine, job, finish, usage, stats, prefill_s):
         m.accepted.inc(stats.accepted)
         m.cycles.inc(stats.cycles)
         m.tau.set(stats.tau)
+        m.generation_tau.observe(stats.tau)
     if stats.drafted:  # lookup cycles can draft nothing: no rate to report
         m.acceptance.set(stats.acceptance_rate)
     if engine.prompt_cache is not None:

@@ -84,6 +84,18 @@ class Metrics:
             "mean accepted length per cycle (bonus included) of the last generation",
             registry=r,
         )
+        self.generation_tau = Histogram(
+            "mlx_dflash_tau",
+            "mean accepted length per cycle (bonus included), one per speculative generation",
+            buckets=(1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10, 12, 16, 32, 64),
+            registry=r,
+        )
+        self.row_tau = Gauge(
+            "mlx_dflash_batch_row_tau",
+            "mean accepted length so far of each request in the batch, by its place in it",
+            ["row"],
+            registry=r,
+        )
         self.acceptance = Gauge(
             "mlx_dflash_last_acceptance_rate",
             "accepted / drafted tokens of the last generation (per drafted token)",
