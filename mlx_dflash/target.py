@@ -46,10 +46,14 @@ class Tap(Wrapper):
         self._flush = False
 
     def __call__(self, *args, **kwargs):
-        out = self.inner(*args, **kwargs)
+        return self.seen(args[0] if args else None, self.inner(*args, **kwargs))
+
+    def seen(self, x, out):
+        """Record `out` as this module's output for input `x` (also for a
+        caller that computed it in a launch of its own: kernels/gdn.py)."""
         c = self._capture
         if c.on:
-            c.inputs = args[0] if self._keep_input else None
+            c.inputs = x if self._keep_input else None
             c.outputs = out
         if self._flush and c.flush:
             mx.async_eval(out)

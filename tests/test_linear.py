@@ -272,13 +272,14 @@ def kernel_as_ops():
 
 # The fused launches each family's layers take: whole layers where every product
 # is bias-free; qwen2 (q/k/v biases) only gate/up; qwen3_5 (gated attention,
-# GatedDeltaNet) only its dense MLPs; qwen3_moe (MoE MLPs) only q/k/v. flash.py's
+# GatedDeltaNet) its dense MLPs and each GatedDeltaNet's four input
+# projections in one (multi-weight, "qkv") launch; qwen3_moe (MoE MLPs) only q/k/v. flash.py's
 # attention wherever attention.py mirrors the attention layer.
 FUSED = {
     "llama": {"norm", "residual", "qkv", "swiglu", "flash"},
     "qwen3": {"norm", "residual", "qkv", "swiglu", "flash"},
     "qwen2": {"swiglu", "flash"},
-    "qwen3_5": {"swiglu"},
+    "qwen3_5": {"swiglu", "qkv"},
     "qwen3_moe": {"qkv", "flash"},
 }
 
@@ -458,6 +459,25 @@ def test_quantized_kernel_matches_quantized_matmul(rows, bits, group, n, k):
     )
     err = np.abs(np.array(got) - np.array(ref))
     assert err.max() < 3e-2, err.max()  # bf16 rounding of |y| ~ 1
+
+
+@on_cuda
+@pytest.mark.parametrize("packed", [False, True])
+def test_four_weight_launch_matches_stock(packed):
+    """A GatedDeltaNet's four input projections (qkv, z, b, a: unequal widths,
+    kernels/gdn.py) in one launch, dense and 4-bit."""
+    k, ns = 1024, (384, 256, 32, 32)
+    x = mx.random.normal((1, 16, k)).astype(mx.bfloat16)
+    ws = [
+        _packed(n, k, 4, 64, mx.bfloat16, seed=i)
+        if packed
+        else (mx.random.normal((n, k)) * k**-0.5).astype(mx.bfloat16)
+        for i, n in enumerate(ns)
+    ]
+    assert applies(x, *ws)
+    for got, w in zip(block_matmuls(x, ws), ws):
+        err = np.abs(np.array(got.astype(mx.float32) - dense(w, x).astype(mx.float32)))
+        assert err.max() < 5e-2, err.max()
 
 
 @on_cuda

@@ -24,6 +24,8 @@ from mlx_lm.models.qwen3_5 import GatedDeltaNet
 
 from ..cache import MAX_BLOCK
 from ..wrapper import Wrapper
+from .linear import fusable
+from .matmul import weight_of
 
 _HEADER = """
 __device__ __forceinline__ float warp_sum(float x) {
@@ -198,6 +200,18 @@ def recurrence_inputs(layer: GatedDeltaNet, conv_out: mx.array):
     return q, k, v
 
 
+def _base(module: nn.Module) -> nn.Module:
+    """The module under its wrappers (a rollback tap, a `BlockLinear`)."""
+    while isinstance(module, Wrapper):
+        module = module["inner"]
+    return module
+
+
+def _inputs(layer: GatedDeltaNet):
+    """The layer's input projections, in `GatedDeltaNet.__call__`'s order."""
+    return [layer[n] for n in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")]
+
+
 class BlockDelta(Wrapper):
     """Wraps one stock Qwen3.5 GatedDeltaNet instance: its forward with the
     recurrence call swapped for `gated_delta` (backend `ops`).
@@ -207,9 +221,28 @@ class BlockDelta(Wrapper):
     go to the stock layer.
     """
 
-    def __init__(self, inner: GatedDeltaNet, ops=None):
+    def __init__(self, inner: GatedDeltaNet, ops=None, fuse_in: bool = False):
         super().__init__(inner)
         self.ops = ops
+        # Its four input projections in one launch of matmul.py's kernel
+        # (with the linear kernels on): a kernel launch costs the host more
+        # than a stock op, and a 9B verify is host-bound.
+        bases = [_base(m) for m in _inputs(inner)]
+        self.fuse_in = fuse_in and ops is not None and fusable(*bases)
+
+    def projections(self, x: mx.array):
+        """qkv, z, b, a of block `x`: one launch where the kernel takes it
+        (the taps on b and a, target.py's, still see their outputs)."""
+        mods = _inputs(self.inner)
+        if self.fuse_in:
+            ws = [weight_of(_base(m)) for m in mods]
+            if self.ops.applies(x, *ws):
+                outs = self.ops.block_matmuls(x, ws)
+                for m, out in zip(mods, outs):
+                    if hasattr(m, "seen"):
+                        m.seen(x, out)
+                return outs
+        return [m(x) for m in mods]
 
     def __call__(
         self, inputs: mx.array, mask: Optional[mx.array] = None, cache: Any = None
@@ -220,10 +253,8 @@ class BlockDelta(Wrapper):
         ):
             return l(inputs, mask, cache)
         B, S, _ = inputs.shape
-        qkv = l.in_proj_qkv(inputs)
-        z = l.in_proj_z(inputs).reshape(B, S, l.num_v_heads, l.head_v_dim)
-        b = l.in_proj_b(inputs)
-        a = l.in_proj_a(inputs)
+        qkv, z, b, a = self.projections(inputs)
+        z = z.reshape(B, S, l.num_v_heads, l.head_v_dim)
 
         if cache is not None and cache[0] is not None:
             conv_state = cache[0]

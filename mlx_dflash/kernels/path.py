@@ -111,7 +111,9 @@ class BlockPath:
                 la = inner.get("linear_attn", None)
                 if type(la) is GatedDeltaNet:
                     la.step_states = StepStates(ops)
-                    f.slots.append((inner, "linear_attn", la, BlockDelta(la, ops)))
+                    f.slots.append(
+                        (inner, "linear_attn", la, BlockDelta(la, ops, self.linear))
+                    )
             if self.linear:
                 wrapped = wrap_layer(inner, self.fold_from, ops, kernel)
                 if wrapped is not None:
