@@ -6,8 +6,9 @@ drafts for every row (the DFlash rows in one batched draft forward,
 `drafters.prefetch`), verifies every row's
 `[anchor, draft]` in ONE target forward over a `RaggedCache` (ragged.py; rows
 with shorter blocks are padded at the end), reads every row's acceptance in
-one host sync, and rolls each row back to its own kept length
-(`rollback_rows`). Rows join between cycles after a prefill of their own (the
+one host sync, rolls each row back to its own kept length
+(`rollback_rows`), and writes every DFlash row's newly kept context into its
+drafter in one draft pass (`drafters.precommit`). Rows join between cycles after a prefill of their own (the
 one-row `prefill`, chunk by chunk with a cycle of the others between two
 chunks; then their caches become a row of the batch) and leave when done or
 when the caller lets them go. A row's tokens are its solo
@@ -27,7 +28,7 @@ from typing import Any, Callable, Deque, Iterable, List, Optional, Sequence, Tup
 import mlx.core as mx
 
 from .decode import Decoding, check_request, prefill
-from .drafters import Drafter, prefetch
+from .drafters import Drafter, precommit, prefetch
 from .fallback import Fallback
 from .ragged import RaggedCache, RaggedKVCache
 from .rollback import rollback, rollback_row, rollback_rows, snapshot
@@ -252,6 +253,9 @@ class Batch:
             rollback_rows(layers, taps, saved, verified=width, kept=kept)
         self._saved, self._width = saved, width
         self.cycles += 1
+        if features is not None and not solo:
+            # Every DFlash row's new context K/V in one pass; each row's commit takes its own.
+            precommit([r.decoding.drafter for r in rows], kept, features)
         out = []
         for b, (r, c, v) in enumerate(zip(rows, cycles, verdicts)):
             r.decoding.record(c, v, None if features is None else features[b : b + 1])

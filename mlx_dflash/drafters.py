@@ -56,20 +56,27 @@ class DFlashDrafter:
         self.fitting = target.path.fit_draft(draft)
         # (anchor, n, logits) that `prefetch` drafted for the next proposal.
         self.ready = None
+        # (n, [(keys, values) per layer]) that `precommit` made for the next commit.
+        self.ready_kv = None
 
     def start(self, prompt):
-        self.cache, self.ready = self.draft.make_cache(), None
+        self.cache, self.ready, self.ready_kv = self.draft.make_cache(), None, None
 
     def commit(self, tokens, features):
         self.ready = None  # drafted on the context before these tokens
-        with self.fitting:
-            self.draft.append_context(features, self.cache)
+        kv, self.ready_kv = self.ready_kv, None
+        if kv is not None and kv[0] == len(tokens):  # `precommit` computed them
+            for c, (k, v) in zip(self.cache, kv[1]):
+                c.update_and_fetch(k, v)
+        else:
+            with self.fitting:
+                self.draft.append_context(features, self.cache)
         # Start it now: the step that committed pays for it, not the next
         # proposal (whose time the fallback weighs).
         mx.async_eval([c.state for c in self.cache])
 
     def trim(self, n):
-        self.ready = None
+        self.ready = self.ready_kv = None
         for c in self.cache:
             c.trim(n)
 
@@ -77,7 +84,7 @@ class DFlashDrafter:
         return {"cache": self.cache}
 
     def load_state(self, state):
-        self.cache, self.ready = state["cache"], None
+        self.cache, self.ready, self.ready_kv = state["cache"], None, None
 
     @property
     def dflash(self) -> "DFlashDrafter":
@@ -132,6 +139,37 @@ def prefetch(wants: Sequence[Tuple[Drafter, int, int]]) -> None:
         logits = first.target.logits(h[:, 1:])
         for b, (d, a, n) in enumerate(rows):
             d.ready = (a, n, logits[b, :n])
+
+
+def precommit(drafters: Sequence[Drafter], kept: Sequence[int], features: mx.array):
+    """Several rows' context K/V in one draft pass (batch.py's cycle).
+
+    Row b of `features` (B, width, F: one batched verify's captures) holds
+    drafter b's newly committed positions, the first kept[b] of them. The
+    rows whose drafter runs a DFlash draft (`.dflash`) on the same model get
+    one projection and one K/V pass for all; each one's next `commit` of
+    kept[b] tokens writes its own rows of them instead of a pass of its own.
+    """
+    groups = {}
+    for b, (drafter, m) in enumerate(zip(drafters, kept)):
+        d = getattr(drafter, "dflash", None)
+        if d is not None and m > 0:
+            groups.setdefault(id(d.draft), []).append((b, d, m))
+    for rows in groups.values():
+        if len(rows) < 2:
+            continue
+        first = rows[0][1]
+        feats = features[mx.array([b for b, _, _ in rows])]
+        kvs = [[] for _ in rows]
+        with first.fitting:
+            ctx = first.draft.project(feats)
+            for i, layer in enumerate(first.draft.layers):
+                offset = mx.array([d.cache[i].offset for _, d, _ in rows], mx.int32)
+                k, v = layer.self_attn.kv(ctx, offset)
+                for g, (_, _, m) in enumerate(rows):
+                    kvs[g].append((k[g : g + 1, :, :m], v[g : g + 1, :, :m]))
+        for (_, d, m), kv in zip(rows, kvs):
+            d.ready_kv = (m, kv)
 
 
 class PromptLookupDrafter:

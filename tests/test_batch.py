@@ -34,6 +34,7 @@ from mlx_dflash.drafters import (
     DFlashDrafter,
     OracleDrafter,
     PromptLookupDrafter,
+    precommit,
     prefetch,
 )
 from mlx_dflash.fallback import Fallback
@@ -336,6 +337,40 @@ def test_one_batched_draft_forward_gives_each_row_its_own_logits(sliding):
         assert got.shape == own.shape == (n, VOCAB)
         np.testing.assert_allclose(got, own, atol=1e-4)
         assert d.ready is None  # taken once
+
+
+def test_one_batched_context_pass_gives_each_row_its_own_caches():
+    """`precommit`: rows' newly committed context (different lengths kept of
+    one batched verify's captures, different context lengths before) in one
+    draft pass leaves each drafter's caches as its own commit would."""
+    target = Target(model_of("qwen3"))
+    draft = random_dflash(target).draft
+    width, kept = 8, [3, 8, 1]
+    mine, own = [], []
+    for i, n_ctx in enumerate((12, 40, 5)):
+        for out in (mine, own):
+            d = DFlashDrafter(draft, target)
+            prefill(target, target.make_cache(), d, prompt(80 + i, n_ctx))
+            out.append(d)
+    F = len(draft.args.target_layer_ids) * target.hidden_size
+    features = mx.random.normal((3, width, F))
+    precommit(mine, kept, features)
+    for b, m in enumerate(kept):
+        mine[b].commit([0] * m, features[b : b + 1, :m])
+        own[b].commit([0] * m, features[b : b + 1, :m])
+        assert mine[b].ready_kv is None  # taken once
+        for x, y in zip(mine[b].cache, own[b].cache):
+            assert x.offset == y.offset
+            np.testing.assert_allclose(
+                np.array(x.keys[..., : x.offset, :]),
+                np.array(y.keys[..., : y.offset, :]),
+                atol=1e-5,
+            )
+            np.testing.assert_allclose(
+                np.array(x.values[..., : x.offset, :]),
+                np.array(y.values[..., : y.offset, :]),
+                atol=1e-5,
+            )
 
 
 @pytest.mark.parametrize(
