@@ -3,16 +3,16 @@
 Each row is a request with its own `Decoding` (decode.py): its drafter, PRNG
 key, sampling settings, stop tokens, `max_tokens`, fallback and stats. A cycle
 drafts for every row (the DFlash rows in one batched draft forward,
-`drafters.prefetch`), verifies every row's
-`[anchor, draft]` in ONE target forward over a `RaggedCache` (ragged.py; rows
-with shorter blocks are padded at the end), reads every row's acceptance in
-one host sync, rolls each row back to its own kept length
-(`rollback_rows`), and writes every DFlash row's newly kept context into its
-drafter in one draft pass (`drafters.precommit`). Rows join between cycles after a prefill of their own (the
-one-row `prefill`, chunk by chunk with a cycle of the others between two
-chunks; then their caches become a row of the batch) and leave when done or
-when the caller lets them go. A row's tokens are its solo
-`generate_step`'s: greedy token for token, sampled with the same draws for the
+`drafters.prefetch`), verifies every row's `[anchor, draft]` in ONE target
+forward over a `RaggedCache` (ragged.py; rows with shorter blocks are padded
+at the end), reads every row's acceptance in one host sync, rolls each row
+back to its own kept length (`rollback_rows`), and writes every DFlash row's
+newly kept context into its drafter in one draft pass (`drafters.precommit`).
+Rows join between cycles after a prefill of their own (the one-row
+`prefill`, chunk by chunk with a cycle of the others between two chunks; then
+their caches become a row of the batch) and leave when done or when the
+caller lets them go. A row's tokens are its solo `generate_step`'s: greedy
+token for token, sampled with the same draws for the
 same seed (the row's key is split exactly as the solo run splits it).
 
 The block kernels (kernels/) take a batched block of up to 64 rows in all
