@@ -107,38 +107,43 @@ class DFlashDrafter:
         return sample_draft(self._logits(anchor, n), params, key)
 
 
+def _shared_drafts(drafters: Sequence[Drafter], counts: Sequence[int]):
+    """The rows (index, DFlash drafter, count > 0) whose drafters run a DFlash
+    draft (`.dflash`: a `DFlashDrafter`, or the one inside the bench's engine
+    drafter), grouped by draft model; only groups of two rows or more."""
+    groups = {}
+    for b, (drafter, n) in enumerate(zip(drafters, counts)):
+        d = getattr(drafter, "dflash", None)
+        if d is not None and n > 0:
+            groups.setdefault(id(d.draft), []).append((b, d, n))
+    return [rows for rows in groups.values() if len(rows) > 1]
+
+
 def prefetch(wants: Sequence[Tuple[Drafter, int, int]]) -> None:
     """Draft several rows' blocks in one forward (batch.py's cycle).
 
     `wants`: (drafter, anchor, n) per row about to propose n tokens after
-    `anchor`. The rows whose drafter runs a DFlash forward (`.dflash`: a
-    `DFlashDrafter`, or the one inside the bench's engine drafter) on the same
-    draft model share one batched forward (`StackedContext`); each row's next
+    `anchor`. The rows whose drafters run the same DFlash draft share one
+    batched forward (`StackedContext`); each row's next
     proposal then takes its own rows of the logits instead of a forward of its
     own, so the drafts are what the row's own forward would have made.
     """
-    groups = {}
-    for drafter, anchor, n in wants:
-        d = getattr(drafter, "dflash", None)
-        if d is not None and n > 0:
-            groups.setdefault(id(d.draft), []).append((d, anchor, n))
-    for rows in groups.values():
-        if len(rows) < 2:
-            continue
-        first, width = rows[0][0], 1 + max(n for _, _, n in rows)
+    drafters, anchors, counts = zip(*wants) if wants else ((), (), ())
+    for rows in _shared_drafts(drafters, counts):
+        first, width = rows[0][1], 1 + max(n for _, _, n in rows)
         block = mx.array(
-            [[a] + [first.mask_token_id] * (width - 1) for _, a, _ in rows]
+            [[anchors[b]] + [first.mask_token_id] * (width - 1) for b, _, _ in rows]
         )
         sizes = [1 + n for _, _, n in rows]
         caches = [
-            StackedContext([d.cache[i] for d, _, _ in rows], sizes)
+            StackedContext([d.cache[i] for _, d, _ in rows], sizes)
             for i in range(len(first.cache))
         ]
         with first.fitting:
             h = first.draft(first.target.embed(block), caches)
         logits = first.target.logits(h[:, 1:])
-        for b, (d, a, n) in enumerate(rows):
-            d.ready = (a, n, logits[b, :n])
+        for g, (b, d, n) in enumerate(rows):
+            d.ready = (anchors[b], n, logits[g, :n])
 
 
 def precommit(drafters: Sequence[Drafter], kept: Sequence[int], features: mx.array):
@@ -150,14 +155,7 @@ def precommit(drafters: Sequence[Drafter], kept: Sequence[int], features: mx.arr
     one projection and one K/V pass for all; each one's next `commit` of
     kept[b] tokens writes its own rows of them instead of a pass of its own.
     """
-    groups = {}
-    for b, (drafter, m) in enumerate(zip(drafters, kept)):
-        d = getattr(drafter, "dflash", None)
-        if d is not None and m > 0:
-            groups.setdefault(id(d.draft), []).append((b, d, m))
-    for rows in groups.values():
-        if len(rows) < 2:
-            continue
+    for rows in _shared_drafts(drafters, kept):
         first = rows[0][1]
         feats = features[mx.array([b for b, _, _ in rows])]
         kvs = [[] for _ in rows]
