@@ -96,6 +96,39 @@ def test_concurrent_requests_return_their_solo_outputs(bsrv):
     assert r.choices[0].message.content == text
 
 
+def test_every_api_through_the_batch_answers_as_alone(bsrv):
+    """Requests of the three APIs at once (OpenAI chat, an Anthropic stream,
+    Responses: what Claude Code's side requests and Codex send) are batched
+    and each answers exactly as the same request sent alone."""
+    calls = [
+        lambda: bsrv.openai.chat.completions.create(
+            model="tiny", messages=messages(QUESTIONS[0]), max_tokens=30
+        ).choices[0].message.content,
+        lambda: _anthropic_stream(bsrv, QUESTIONS[1], 40),
+        lambda: bsrv.openai.responses.create(
+            model="tiny", input=QUESTIONS[2], max_output_tokens=24
+        ).output_text,
+        lambda: bsrv.anthropic.messages.create(
+            model="tiny", max_tokens=16,
+            messages=[{"role": "user", "content": QUESTIONS[3]}],
+        ).content[0].text,
+    ]
+    alone = [call() for call in calls]
+    bsrv.sizes.clear()
+    with ThreadPoolExecutor(len(calls)) as pool:
+        together = list(pool.map(lambda call: call(), calls))
+    assert together == alone and all(alone)  # (non-empty replies)
+    assert max(bsrv.sizes) >= 2  # they were verified together
+
+
+def _anthropic_stream(srv, question, max_tokens):
+    with srv.anthropic.messages.stream(
+        model="tiny", max_tokens=max_tokens,
+        messages=[{"role": "user", "content": question}],
+    ) as stream:
+        return stream.get_final_text()
+
+
 def _metric(text, name):
     return float(next(l.split()[-1] for l in text.splitlines() if l.startswith(name + " ")))
 
