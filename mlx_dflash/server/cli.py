@@ -103,8 +103,9 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--max-batch",
         type=int,
         default=1,
-        help="decode up to N requests at once, their drafts verified together "
-        "in one batched target forward; each request's output is still its "
+        help="decode up to N requests at once: their blocks drafted in one "
+        "draft forward and verified in one batched target forward; each "
+        "request's output is still its "
         "own (greedy: token for token; sampling: the same distribution). "
         "Default 1: one at a time, first in first out",
     )
