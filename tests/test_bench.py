@@ -573,5 +573,8 @@ def test_cli_concurrency_three_ways(tmp_path, capsys):
             assert w["exact"] and w["aggregate_tps"] > 0
             streams = r["concurrency"]
             assert len(w["ttft_s"]) == len(w["per_stream_decode_tps"]) == streams
-    assert "| 3 | lookup batch |" in (tmp_path / "c.md").read_text()
+    md = (tmp_path / "c.md").read_text()
+    assert "| 3 | lookup batch |" in md and "| aggregate / one stream |" in md
+    one = next(l for l in md.splitlines() if l.startswith("| 1 | lookup batch |"))
+    assert one.count(" 1.00× ") == 2  # against itself
     assert "lookup batch" in capsys.readouterr().out
