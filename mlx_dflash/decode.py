@@ -20,7 +20,7 @@ import mlx.core as mx
 
 from .drafters import Drafter
 from .fallback import Fallback, FallbackState, PlainStretch
-from .rollback import rollback, snapshot
+from .rollback import hold, put_back, rollback, snapshot
 from .sampling import SamplingParams, log_weights, pick, speculative_accept
 from .stats import SpecStats
 from .target import Target
@@ -66,18 +66,23 @@ def prefill(
     if cached == 0:
         drafter.start(prompt)
     logits = None
-    for s in range(cached, len(prompt), step_size):
-        if should_stop is not None and should_stop():
-            raise Cancelled(s)
-        chunk = list(prompt[s : s + step_size])
-        last = s + step_size >= len(prompt)
-        logits, features = target.forward(
-            mx.array([chunk]), cache, last_only=True, flush=True
-        )
-        drafter.commit(chunk, features)
-        mx.eval([c.state for c in cache] + ([] if last else [features]))
-        if not last:
-            mx.clear_cache()
+    # A prefill needs no rollback; the latest verify's captures may (batch.py).
+    held = hold(target.delta_taps)
+    try:
+        for s in range(cached, len(prompt), step_size):
+            if should_stop is not None and should_stop():
+                raise Cancelled(s)
+            chunk = list(prompt[s : s + step_size])
+            last = s + step_size >= len(prompt)
+            logits, features = target.forward(
+                mx.array([chunk]), cache, last_only=True, flush=True
+            )
+            drafter.commit(chunk, features)
+            mx.eval([c.state for c in cache] + ([] if last else [features]))
+            if not last:
+                mx.clear_cache()
+    finally:
+        put_back(target.delta_taps, held)
     return logits[:, -1]
 
 

@@ -28,6 +28,31 @@ from .kernels.gdn import gated_delta, recurrence_inputs
 from .target import DeltaTaps
 
 
+def hold(delta_taps: Dict[int, DeltaTaps]) -> Dict[int, tuple]:
+    """What the taps captured in the latest forward and the step states it
+    kept, as references: `decode.prefill` puts them back when it is done
+    (`put_back`), so that a batch row taken out part way through a cycle's
+    tokens after another request's prefill still replays that cycle."""
+    return {
+        i: (
+            [(t._capture.inputs, t._capture.outputs) for t in (d.conv, d.a, d.b)],
+            getattr(getattr(d.layer, "step_states", None), "states", None),
+        )
+        for i, d in delta_taps.items()
+    }
+
+
+def put_back(delta_taps: Dict[int, DeltaTaps], held: Dict[int, tuple]):
+    """The taps' captures and step states as `hold` found them."""
+    for i, d in delta_taps.items():
+        captures, states = held[i]
+        for t, (inputs, outputs) in zip((d.conv, d.a, d.b), captures):
+            t._capture.inputs, t._capture.outputs = inputs, outputs
+        steps = getattr(d.layer, "step_states", None)
+        if steps is not None:
+            steps.states = states
+
+
 def snapshot(cache: List[Any], delta_taps: Dict[int, DeltaTaps]) -> Dict[int, tuple]:
     """Reference the pre-verify recurrent states (arrays are immutable: no copy)."""
     return {i: cache[i][1] for i in delta_taps}

@@ -217,6 +217,49 @@ def test_steps_leave_caches_as_generate_step_does(family):
                 assert np.array_equal(np.array(x), np.array(y)), t
 
 
+@pytest.mark.parametrize("alone", [True, False])
+def test_a_row_cut_after_another_rows_prefill_rolls_back_exactly(alone):
+    """A row closed part way through a cycle's tokens after another request's
+    prefill chunks ran since that cycle (they overwrite the GatedDeltaNet
+    taps' captures a rollback replays) still hands back caches holding
+    prompt + output[:-1] (difference 0); alone in the batch, or with a row."""
+    model = model_of("qwen3_5")
+    target = Target(model)
+    batch = Batch(target)
+    pa, pb, pc = prompt(90, 9), prompt(91, 40), prompt(92, 7)
+
+    def steps(p, n, cache, **options):
+        ref = p + stock(model, p, n)
+        d = OracleDrafter(ref, vocab_size=VOCAB)  # every draft right
+        return batch.steps(target, p, d, cache=cache, max_tokens=n, block_size=8, **options)
+
+    cache_a = target.make_cache()
+    ga = steps(pa, 30, cache_a)
+    out = [next(ga)[0]]
+    assert next(ga) is WAIT
+    if not alone:
+        gc = steps(pc, 30, target.make_cache())
+        next(gc)
+        assert next(gc) is WAIT
+    batch.step()  # A's outbox: 8 tokens
+    gb = steps(pb, 10, target.make_cache(), prefill_step_size=16)
+    assert next(gb) is WAIT and next(gb) is WAIT  # two of its chunks ran
+    out += [next(ga)[0] for _ in range(3)]
+    ga.close()  # 5 of the cycle's tokens untaken
+    gb.close()
+    ref = autoregressive_cache(model, pa, out[:-1])
+    for a, b in zip(cache_a, ref):
+        assert type(a) is type(b)
+        if isinstance(b, KVCache):
+            assert a.offset == b.offset == len(pa) + len(out) - 1
+            xs = [x[..., : a.offset, :] for x in a.state[:2]]
+            ys = [y[..., : b.offset, :] for y in b.state[:2]]
+        else:
+            xs, ys = a.cache, b.cache
+        for x, y in zip(xs, ys):
+            assert np.array_equal(np.array(x), np.array(y))
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen3_5"])
 def test_a_joining_prefill_interleaves_with_running_rows(family):
     """A long prompt joins in chunks; the running row decodes a cycle between
