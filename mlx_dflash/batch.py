@@ -3,7 +3,8 @@
 Each row is a request with its own `Decoding` (decode.py): its drafter, PRNG
 key, sampling settings, stop tokens, `max_tokens`, fallback and stats. A cycle
 drafts for every row (the DFlash rows in one batched draft forward,
-`drafters.prefetch`), verifies every row's `[anchor, draft]` in ONE target
+`drafters.prefetch`; proposed at the end of the cycle before, so the drafts
+run while the caller hands out its tokens), verifies every row's `[anchor, draft]` in ONE target
 forward over a `RaggedCache` (ragged.py; rows with shorter blocks are padded
 at the end), reads every row's acceptance in one host sync, rolls each row
 back to its own kept length (`rollback_rows`), and writes every DFlash row's
@@ -52,6 +53,8 @@ class Row:
     final: Optional[List[Any]] = None  # its caches, once done and gone
     # Its latest cycle: (the batch's cycle count, its batch row, positions kept).
     last: Tuple[int, int, int] = (0, 0, 0)
+    # Its next cycle, already proposed (on the device while outputs go out).
+    cycle: Any = None
 
     @property
     def done(self) -> bool:
@@ -225,9 +228,10 @@ class Batch:
         `generate_step` yields them). Rows done after it have left."""
         assert self.rows, "an empty batch has no cycle"
         rows = self.rows
-        # Every DFlash row's draft in one forward; each row's `propose` takes its own.
-        prefetch([(r.decoding.drafter, r.decoding.y, r.decoding.draft_size()) for r in rows])
-        cycles = [r.decoding.propose() for r in rows]
+        self._propose([r for r in rows if r.cycle is None])  # rows new since
+        cycles = [r.cycle for r in rows]
+        for r in rows:
+            r.cycle = None
         width = max(1 + c.draft.size for c in cycles)
         blocks = []
         for r, c in zip(rows, cycles):
@@ -268,7 +272,19 @@ class Batch:
                 r.final = self._caches_of(b)
             out.append((r, outputs))
         self._drop([r for r in rows if r.done])
+        # The next cycle's drafts start now, while the caller hands these
+        # outputs out (as generate_step proposes before it yields).
+        self._propose(self.rows)
         return out
+
+    def _propose(self, rows: List[Row]):
+        """Each row's next cycle, the DFlash rows' drafts in one forward (each
+        row's `propose` takes its own)."""
+        if not rows:
+            return
+        prefetch([(r.decoding.drafter, r.decoding.y, r.decoding.draft_size()) for r in rows])
+        for r in rows:
+            r.cycle = r.decoding.propose()
 
     def steps(
         self,
