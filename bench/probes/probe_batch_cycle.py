@@ -5,8 +5,8 @@ For each batch size C, C engine-mode rows (real-size random DFlash draft,
 oracle tokens at tau 6.5) decode to --max-tokens; every phase of
 `Batch.step` is made synchronous (its outputs evaluated, then
 `mx.synchronize()`) and timed: the batched draft (`prefetch`), the rows'
-proposals, the verify forward, the acceptance read, the rollback, the rows'
-records (drafter commits). One JSON line per C: median ms per cycle of each
+proposals, the verify forward, the acceptance read, the rollback, the
+batched context pass (`precommit`), the rows' records (drafter commits). One JSON line per C: median ms per cycle of each
 phase and of the whole step. Synchronous phases lose the overlap the real
 cycle has, so their sum exceeds an unprobed cycle: compare phases across C.
 """
@@ -37,6 +37,12 @@ def stashed(wants):
     """The logits `prefetch` left in the drafters of `wants`."""
     ds = [getattr(w[0], "dflash", None) for w in wants]
     return [d.ready[2] for d in ds if d is not None and d.ready is not None]
+
+
+def committed(drafters, kept, features):
+    """The context K/V `precommit` left in the drafters."""
+    ds = [getattr(d, "dflash", None) for d in drafters]
+    return [a for d in ds if d is not None and d.ready_kv for kv in d.ready_kv[1] for a in kv]
 
 
 def timed(table, name, fn, extra=None):
@@ -77,6 +83,7 @@ def main():
     forward = target.forward
     target.forward = timed(table, "verify forward", forward)
     batch_mod.prefetch = timed(table, "batched draft", batch_mod.prefetch, stashed)
+    batch_mod.precommit = timed(table, "batched commit", batch_mod.precommit, committed)
     batch_mod.rollback_rows = timed(table, "rollback", batch_mod.rollback_rows)
     batch_mod.rollback = timed(table, "rollback", batch_mod.rollback)
     for name, method in (("propose", "propose"), ("record", "record"), ("read", "judge")):
