@@ -4,17 +4,18 @@ Each row is a request with its own `Decoding` (decode.py): its drafter, PRNG
 key, sampling settings, stop tokens, `max_tokens`, fallback and stats. A cycle
 drafts for every row (the DFlash rows in one batched draft forward,
 `drafters.prefetch`; proposed at the end of the cycle before, so the drafts
-run while the caller hands out its tokens), verifies every row's `[anchor, draft]` in ONE target
-forward over a `RaggedCache` (ragged.py; rows with shorter blocks are padded
-at the end), reads every row's acceptance in one host sync, rolls each row
-back to its own kept length (`rollback_rows`), and writes every DFlash row's
-newly kept context into its drafter in one draft pass (`drafters.precommit`).
-Rows join between cycles after a prefill of their own (the one-row
-`prefill`, chunk by chunk with a cycle of the others between two chunks; then
-their caches become a row of the batch) and leave when done or when the
-caller lets them go. A row's tokens are its solo `generate_step`'s: greedy
-token for token, sampled with the same draws for the
-same seed (the row's key is split exactly as the solo run splits it).
+run while the caller hands out its tokens), verifies every row's
+`[anchor, draft]` in ONE target forward over a `RaggedCache` (ragged.py;
+rows with shorter blocks are padded at the end), reads every row's
+acceptance in one host sync, rolls each row back to its own kept length
+(`rollback_rows`), and writes every DFlash row's newly kept context into its
+drafter in one draft pass (`drafters.precommit`). Rows join between cycles
+after a prefill of their own (the one-row `prefill`, chunk by chunk with a
+cycle of the others between two chunks; then their caches become a row of
+the batch) and leave when done or when the caller lets them go. A row's
+tokens are its solo `generate_step`'s: greedy token for token, sampled with
+the same draws for the same seed (the row's key is split exactly as the solo
+run splits it).
 
 The block kernels (kernels/) take a batched block of up to 64 rows in all
 (B rows x L) as one block of rows (`kernels.attention.is_block`); flash.py's
@@ -257,8 +258,9 @@ class Batch:
             rollback_rows(layers, taps, saved, verified=width, kept=kept)
         self._saved, self._width = saved, width
         self.cycles += 1
-        if features is not None and not solo:
-            # Every DFlash row's new context K/V in one pass; each row's commit takes its own.
+        if features is not None:
+            # Every DFlash row's new context K/V in one pass (two rows or
+            # more); each row's commit takes its own.
             precommit([r.decoding.drafter for r in rows], kept, features)
         out = []
         for b, (r, c, v) in enumerate(zip(rows, cycles, verdicts)):
@@ -282,7 +284,8 @@ class Batch:
         row's `propose` takes its own)."""
         if not rows:
             return
-        prefetch([(r.decoding.drafter, r.decoding.y, r.decoding.draft_size()) for r in rows])
+        ds = [r.decoding for r in rows]
+        prefetch([d.drafter for d in ds], [d.y for d in ds], [d.draft_size() for d in ds])
         for r in rows:
             r.cycle = r.decoding.propose()
 
@@ -363,11 +366,10 @@ class Batch:
         if not gone:
             return
         stay = [b for b, r in enumerate(self.rows) if r not in gone]
-        if self._solo():
-            self.rows = [self.rows[b] for b in stay]
-            return
-        self.cache.keep(stay)
+        if not self._solo():
+            self.cache.keep(stay)
         self.rows = [self.rows[b] for b in stay]
-        if len(self.rows) == 1:  # back to one row: it decodes over its own caches
+        if len(self.rows) == 1 and self.rows[0].decoding.cache is None:
+            # Back to one row: it decodes over its own caches.
             self.rows[0].decoding.cache = self.cache.row(0)
             self.cache.keep([])

@@ -14,7 +14,7 @@ restores drafters through these two.
 """
 
 import random
-from typing import List, Optional, Protocol, Sequence, Tuple
+from typing import List, Optional, Protocol, Sequence
 
 import mlx.core as mx
 
@@ -119,16 +119,17 @@ def _shared_drafts(drafters: Sequence[Drafter], counts: Sequence[int]):
     return [rows for rows in groups.values() if len(rows) > 1]
 
 
-def prefetch(wants: Sequence[Tuple[Drafter, int, int]]) -> None:
+def prefetch(
+    drafters: Sequence[Drafter], anchors: Sequence[int], counts: Sequence[int]
+) -> None:
     """Draft several rows' blocks in one forward (batch.py's cycle).
 
-    `wants`: (drafter, anchor, n) per row about to propose n tokens after
-    `anchor`. The rows whose drafters run the same DFlash draft share one
-    batched forward (`StackedContext`); each row's next
-    proposal then takes its own rows of the logits instead of a forward of its
-    own, so the drafts are what the row's own forward would have made.
+    Row b's drafter is about to propose counts[b] tokens after anchors[b].
+    The rows whose drafters run the same DFlash draft share one batched
+    forward (`StackedContext`); each row's next proposal then takes its own
+    rows of the logits instead of a forward of its own, so the drafts are
+    what the row's own forward would have made.
     """
-    drafters, anchors, counts = zip(*wants) if wants else ((), (), ())
     for rows in _shared_drafts(drafters, counts):
         first, width = rows[0][1], 1 + max(n for _, _, n in rows)
         block = mx.array(
@@ -159,10 +160,11 @@ def precommit(drafters: Sequence[Drafter], kept: Sequence[int], features: mx.arr
         first = rows[0][1]
         feats = features[mx.array([b for b, _, _ in rows])]
         kvs = [[] for _ in rows]
+        # Every layer holds the same context: one offset per row.
+        offset = mx.array([d.cache[0].offset for _, d, _ in rows], mx.int32)
         with first.fitting:
             ctx = first.draft.project(feats)
-            for i, layer in enumerate(first.draft.layers):
-                offset = mx.array([d.cache[i].offset for _, d, _ in rows], mx.int32)
+            for layer in first.draft.layers:
                 k, v = layer.self_attn.kv(ctx, offset)
                 for g, (_, _, m) in enumerate(rows):
                     kvs[g].append((k[g : g + 1, :, :m], v[g : g + 1, :, :m]))

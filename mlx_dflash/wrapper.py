@@ -21,6 +21,13 @@ class Wrapper(nn.Module):
         return getattr(self["inner"], key)
 
 
+def innermost(module: nn.Module) -> nn.Module:
+    """The module under all its wrappers (taps, kernel wrappers)."""
+    while isinstance(module, Wrapper):
+        module = module["inner"]
+    return module
+
+
 def class_name(module) -> str:
     """`module`'s class as "package.module.Class": what the wrappers' lists of
     mirrored classes name."""

@@ -373,7 +373,7 @@ def test_one_batched_draft_forward_gives_each_row_its_own_logits(sliding):
         prefill(target, target.make_cache(), d, p)
         rows.append((d, p[-1], n))
     solo = [np.array(d._logits(a, n)) for d, a, n in rows]
-    prefetch(rows)
+    prefetch(*zip(*rows))
     for (d, a, n), own in zip(rows, solo):
         assert d.ready is not None
         got = np.array(d._logits(a, n))

@@ -393,7 +393,7 @@ def test_batched_draft_blocks_through_kernels_match_each_rows_own(kernel_as_ops)
     own = [d._logits(a, n) for d, a, n in rows]
     calls = kernel_as_ops.ops.calls
     qkv, flash = calls["qkv"], calls["flash"]
-    prefetch(rows)
+    prefetch(*zip(*rows))
     assert calls["qkv"] > qkv and calls["flash"] == flash
     for (d, a, n), o in zip(rows, own):
         assert mx.allclose(d._logits(a, n), o, atol=1e-5).item()

@@ -33,9 +33,9 @@ def arrays(x):
     return []
 
 
-def stashed(wants):
-    """The logits `prefetch` left in the drafters of `wants`."""
-    ds = [getattr(w[0], "dflash", None) for w in wants]
+def stashed(drafters, anchors, counts):
+    """The logits `prefetch` left in the drafters."""
+    ds = [getattr(d, "dflash", None) for d in drafters]
     return [d.ready[2] for d in ds if d is not None and d.ready is not None]
 
 

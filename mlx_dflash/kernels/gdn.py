@@ -23,7 +23,7 @@ from mlx_lm.models.gated_delta import compute_g, gated_delta_update, normalize_q
 from mlx_lm.models.qwen3_5 import GatedDeltaNet
 
 from ..cache import MAX_BLOCK
-from ..wrapper import Wrapper
+from ..wrapper import Wrapper, innermost
 from .linear import fusable
 from .matmul import weight_of
 
@@ -200,13 +200,6 @@ def recurrence_inputs(layer: GatedDeltaNet, conv_out: mx.array):
     return q, k, v
 
 
-def _base(module: nn.Module) -> nn.Module:
-    """The module under its wrappers (a rollback tap, a `BlockLinear`)."""
-    while isinstance(module, Wrapper):
-        module = module["inner"]
-    return module
-
-
 def _inputs(layer: GatedDeltaNet):
     """The layer's input projections, in `GatedDeltaNet.__call__`'s order."""
     return [layer[n] for n in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")]
@@ -227,7 +220,7 @@ class BlockDelta(Wrapper):
         # Its four input projections in one launch of matmul.py's kernel
         # (with the linear kernels on): a kernel launch costs the host more
         # than a stock op, and a 9B verify is host-bound.
-        bases = [_base(m) for m in _inputs(inner)]
+        bases = [innermost(m) for m in _inputs(inner)]
         self.fuse_in = fuse_in and ops is not None and fusable(*bases)
 
     def projections(self, x: mx.array):
@@ -235,7 +228,7 @@ class BlockDelta(Wrapper):
         (the taps on b and a, target.py's, still see their outputs)."""
         mods = _inputs(self.inner)
         if self.fuse_in:
-            ws = [weight_of(_base(m)) for m in mods]
+            ws = [weight_of(innermost(m)) for m in mods]
             if self.ops.applies(x, *ws):
                 outs = self.ops.block_matmuls(x, ws)
                 for m, out in zip(mods, outs):

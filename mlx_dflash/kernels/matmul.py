@@ -431,10 +431,8 @@ PACKED_MAX_ROWS = {128: 32}
 
 def rows_fit(rows: int, *weights: Weight) -> bool:
     """Whether a launch takes `rows` rows with these weights."""
-    limit = min(
-        [MAX_ROWS]
-        + [PACKED_MAX_ROWS.get(w.group_size, MAX_ROWS) for w in weights if isinstance(w, Packed)]
-    )
+    packed = [w for w in weights if isinstance(w, Packed)]
+    limit = min([MAX_ROWS] + [PACKED_MAX_ROWS.get(w.group_size, MAX_ROWS) for w in packed])
     return 1 < rows <= limit
 
 
