@@ -203,9 +203,8 @@ def table(results: List[dict]) -> str:
         for way, w in r["ways"].items()
     }
 
-    def against(w, key, field, one_field):
-        one = alone.get(key)
-        return f"{w[field] / one[one_field]:.2f}×" if one and one[one_field] else "—"
+    def against(x, one):
+        return f"{x / one:.2f}×" if one else "—"
 
     lines = [
         "| C | way | aggregate tok/s | per-stream decode tok/s (median / min) "
@@ -215,14 +214,14 @@ def table(results: List[dict]) -> str:
     ]
     for res in results:
         for way, w in res["ways"].items():
-            key = (res["arm"], way)
+            one = alone.get((res["arm"], way), {})
             lines.append(
                 f"| {res['concurrency']} | {way} | {w['aggregate_tps']:.1f} "
                 f"| {w['per_stream_decode_tps_median']:.1f} / "
                 f"{w['per_stream_decode_tps_min']:.1f} "
                 f"| {w['ttft_s_median']:.3f} / {w['ttft_s_max']:.3f} "
-                f"| {against(w, key, 'aggregate_tps', 'aggregate_tps')} "
-                f"| {against(w, key, 'per_stream_decode_tps_min', 'per_stream_decode_tps_median')} "
+                f"| {against(w['aggregate_tps'], one.get('aggregate_tps'))} "
+                f"| {against(w['per_stream_decode_tps_min'], one.get('per_stream_decode_tps_median'))} "
                 f"| {'yes' if w['exact'] else 'NO'} |"
             )
     return "\n".join(lines)
