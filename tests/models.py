@@ -174,7 +174,29 @@ def save_tiny_shape_draft(path) -> str:
 
 def kernel_model(family: str = "qwen3"):
     """A 2-layer bf16 llama or qwen3 model of shapes the CUDA kernels take
-    (hidden 512, MLP 1024, 4 query / 2 KV heads of 128, vocab 1024)."""
+    (hidden 512, MLP 1024, 4 query / 2 KV heads of 128, vocab 1024); "qwen3_5":
+    4 layers (3 GatedDeltaNet: 4 key heads of 128, 16 value heads of 32)."""
+    if family == "qwen3_5":
+        config = dict(
+            CONFIGS["qwen3_5"],
+            text_config=dict(
+                CONFIGS["qwen3_5"]["text_config"],
+                hidden_size=512,
+                intermediate_size=1024,
+                head_dim=128,
+                linear_num_key_heads=4,
+                linear_key_head_dim=128,
+                linear_num_value_heads=16,
+                linear_value_head_dim=32,
+                rms_norm_eps=1e-6,
+                vocab_size=1024,
+            ),
+        )
+        model_cls, args_cls = _get_classes(config)
+        model = model_cls(args_cls.from_dict(config))
+        model.set_dtype(mx.bfloat16)
+        model.eval()
+        return model
     from mlx_lm.models import llama, qwen3
 
     cls = {"qwen3": qwen3, "llama": llama}[family]

@@ -9,6 +9,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from mlx.utils import tree_flatten
 from helpers import on_cuda
 from models import kernel_model, tiny_model
 
@@ -153,11 +154,13 @@ def test_block_linear_falls_back_for_other_inputs():
 
 
 @on_cuda
-def test_verify_logits_close_to_stock_products_bf16():
-    """A bf16 target whose every linear takes the kernel: same logits as without
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_verify_logits_close_to_stock_products_bf16(family):
+    """A bf16 target whose every linear takes the kernel (qwen3_5: its layers'
+    norms and residuals folded in, HybridBlockLayer): same logits as without
     it, up to bf16 rounding of the two products' different summation order."""
     mx.random.seed(0)
-    model = kernel_model("qwen3")
+    model = kernel_model(family)
     tokens = mx.random.randint(0, 1024, (1, 16))
     out = []
     for on in (False, True):
@@ -272,16 +275,45 @@ def kernel_as_ops():
 
 # The fused launches each family's layers take: whole layers where every product
 # is bias-free; qwen2 (q/k/v biases) only gate/up; qwen3_5 (gated attention,
-# GatedDeltaNet) its dense MLPs and each GatedDeltaNet's four input
-# projections in one (multi-weight, "qkv") launch; qwen3_moe (MoE MLPs) only q/k/v. flash.py's
+# GatedDeltaNet) its dense MLPs, each GatedDeltaNet's four input
+# projections in one (multi-weight, "qkv") launch, and its layers' norms and
+# residual adds folded into those launches; qwen3_moe (MoE MLPs) only q/k/v. flash.py's
 # attention wherever attention.py mirrors the attention layer.
 FUSED = {
     "llama": {"norm", "residual", "qkv", "swiglu", "flash"},
     "qwen3": {"norm", "residual", "qkv", "swiglu", "flash"},
     "qwen2": {"swiglu", "flash"},
-    "qwen3_5": {"swiglu", "qkv"},
+    # Its decoder layers fold their norms and residual adds (HybridBlockLayer).
+    "qwen3_5": {"norm", "residual", "swiglu", "qkv"},
     "qwen3_moe": {"qkv", "flash"},
 }
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
+def test_hybrid_layers_fold_norms_and_residuals_exactly(kernel_as_ops, family):
+    """A Qwen3.5 block through `HybridBlockLayer` (norm1 in the GatedDeltaNet's
+    projection launch, the residual in out_proj's, norm2 and the residual in
+    a dense MLP's two launches): the same logits and caches as the stock
+    layers, fp32, prefill then a verify-sized block; an MoE MLP stays stock."""
+    model = tiny_model(family)
+    stock, folded = Target(model, block_path=BlockPath.choose(None)), Target(
+        model, block_path=kernel_as_ops
+    )
+    caches = [stock.make_cache(), folded.make_cache()]
+    for tokens in (mx.arange(3, 40)[None], mx.arange(50, 66)[None]):
+        (a, _), (b, _) = [t.forward(tokens, c) for t, c in zip((stock, folded), caches)]
+        assert np.array_equal(np.array(a), np.array(b))
+    states = [tree_flatten([c.state for c in cache]) for cache in caches]
+    assert len(states[0]) == len(states[1]) > 0
+    for (_, x), (_, y) in zip(*states):
+        assert np.array_equal(np.array(x), np.array(y))
+    calls = kernel_as_ops.ops.calls
+    gdn_layers = sum(k.mixer == "gated_delta" for k in folded.kinds)
+    dense_mlps = 0 if family.endswith("moe") else folded.num_layers
+    # Two forwards: each GatedDeltaNet's norm, each dense MLP's norm; the residuals
+    # of out_proj and down_proj.
+    assert calls["norm"] == 2 * (gdn_layers + dense_mlps)
+    assert calls["residual"] == 2 * (gdn_layers + dense_mlps)
 
 
 @pytest.mark.parametrize("family", list(FUSED))
@@ -478,6 +510,12 @@ def test_four_weight_launch_matches_stock(packed):
     for got, w in zip(block_matmuls(x, ws), ws):
         err = np.abs(np.array(got.astype(mx.float32) - dense(w, x).astype(mx.float32)))
         assert err.max() < 5e-2, err.max()
+    # With the decoder layer's input norm folded in (layer.py's HybridBlockLayer).
+    nw = (1 + 0.1 * mx.random.normal((k,))).astype(mx.bfloat16)
+    xn = mx.fast.rms_norm(x, nw, 1e-6)
+    for got, w in zip(block_matmuls(x, ws, norm=(nw, 1e-6)), ws):
+        err = np.abs(np.array(got.astype(mx.float32) - dense(w, xn).astype(mx.float32)))
+        assert err.max() < 5e-2, err.max()
 
 
 @on_cuda
@@ -489,8 +527,12 @@ def test_quantized_fused_launches_match_stock(bits):
     nw = (1 + 0.1 * mx.random.normal((k,))).astype(mx.bfloat16)
 
     def close(got, ref):
-        err = np.abs(np.array(got.astype(mx.float32) - ref.astype(mx.float32)))
-        assert err.max() < 5e-2, err.max()
+        # bf16 outputs: a few units in the last place of each value (the stock
+        # SwiGLU rounds gate, up and silu separately; h200-cuda-tests.log saw
+        # 0.0625 at a value of 3.8 with an absolute bound)
+        got, ref = np.array(got.astype(mx.float32)), np.array(ref.astype(mx.float32))
+        excess = np.abs(got - ref) - (5e-2 + 2e-2 * np.abs(ref))
+        assert excess.max() <= 0, excess.max()
 
     xn = mx.fast.rms_norm(x, nw, 1e-6)
     for got, w in zip(block_matmuls(x, ws, norm=(nw, 1e-6)), ws):

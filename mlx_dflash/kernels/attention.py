@@ -25,7 +25,7 @@ from ..cache import MAX_BLOCK
 from ..wrapper import Wrapper, class_name
 from . import flash
 from .linear import fusable, stock
-from .matmul import weight_of
+from .matmul import Fits, weight_of
 
 # Attention classes whose __call__ is: q/k/v projections, optional per-head
 # q_norm/k_norm, RoPE at cache.offset, cache update, SDPA, o_proj.
@@ -139,6 +139,7 @@ class BlockAttention(Wrapper):
         fuse_qkv = fuse_qkv and ops is not None
         self.fuse_qkv = fuse_qkv and fusable(inner.q_proj, inner.k_proj, inner.v_proj)
         self.kernel = flash.params(inner) if kernel and ops is not None else None
+        self.fits = Fits()
 
     def __call__(self, x: mx.array, mask=None, cache=None):
         a = self.inner
@@ -146,7 +147,7 @@ class BlockAttention(Wrapper):
             return a(x, mask=mask, cache=cache)
         ops = self.ops
         ws = [weight_of(stock(a[n])) for n in ("q_proj", "k_proj", "v_proj")]
-        fuse = self.fuse_qkv and ops.applies(x, *ws)
+        fuse = self.fuse_qkv and self.fits(x, lambda: ops.applies(x, *ws))
         own = self.kernel is not None and ops.attention_applies(self.kernel, x, cache)
         own = own or longest(cache) + x.shape[1] >= self.from_keys
         if not (fuse or own):

@@ -25,7 +25,7 @@ from mlx_lm.models.qwen3_5 import GatedDeltaNet
 from ..cache import MAX_BLOCK
 from ..wrapper import Wrapper, innermost
 from .linear import fusable
-from .matmul import weight_of
+from .matmul import Fits, block_of, weight_of
 
 _HEADER = """
 __device__ __forceinline__ float warp_sum(float x) {
@@ -222,31 +222,63 @@ class BlockDelta(Wrapper):
         # than a stock op, and a 9B verify is host-bound.
         bases = [innermost(m) for m in _inputs(inner)]
         self.fuse_in = fuse_in and ops is not None and fusable(*bases)
+        self.fits = Fits()
+        self.fold_fits = Fits()
 
-    def projections(self, x: mx.array):
-        """qkv, z, b, a of block `x`: one launch where the kernel takes it
-        (the taps on b and a, target.py's, still see their outputs)."""
+    def projections(self, x: mx.array, norm: Optional[nn.RMSNorm] = None):
+        """qkv, z, b, a of block `x` (of `norm(x)` with `norm`, which only
+        `folds` blocks take): one launch where the kernel takes it (the taps
+        on b and a, target.py's, still see their outputs)."""
         mods = _inputs(self.inner)
         if self.fuse_in:
             ws = [weight_of(innermost(m)) for m in mods]
-            if self.ops.applies(x, *ws):
-                outs = self.ops.block_matmuls(x, ws)
+            if norm is not None or self.fits(x, lambda: self.ops.applies(x, *ws)):
+                folded = None if norm is None else (norm["weight"], norm.eps)
+                outs = self.ops.block_matmuls(x, ws, norm=folded)
                 for m, out in zip(mods, outs):
                     if hasattr(m, "seen"):
                         m.seen(x, out)
                 return outs
         return [m(x) for m in mods]
 
+    def folds(self, x: mx.array, norm: nn.RMSNorm, cache: Any) -> bool:
+        """Whether a call with `norm=norm, residual=x` takes block `x` (the
+        decoder layer's input, not yet normed): its input projections' launch
+        applies the norm, and out_proj's adds the residual (layer.py's
+        `HybridBlockLayer`)."""
+        l = self.inner
+        if not self.fuse_in or l.sharding_group is not None:
+            return False
+        if cache is not None and cache.lengths is not None:
+            return False
+
+        def check():
+            out = innermost(l.out_proj)
+            if not fusable(out) or norm["weight"].dtype != x.dtype:
+                return False
+            ws = [weight_of(innermost(m)) for m in _inputs(l)]
+            w = weight_of(out)
+            return self.ops.applies(x, *ws) and self.ops.applies(block_of(x, w), w)
+
+        return self.fold_fits(x, check)
+
     def __call__(
-        self, inputs: mx.array, mask: Optional[mx.array] = None, cache: Any = None
+        self,
+        inputs: mx.array,
+        mask: Optional[mx.array] = None,
+        cache: Any = None,
+        norm: Optional[nn.RMSNorm] = None,
+        residual: Optional[mx.array] = None,
     ):
+        """The stock forward of `inputs`; with `norm` and `residual` (a block
+        that `folds`), `residual + forward(norm(inputs))` in the same launches."""
         l = self.inner
         if l.sharding_group is not None or (
             cache is not None and cache.lengths is not None
         ):
             return l(inputs, mask, cache)
         B, S, _ = inputs.shape
-        qkv, z, b, a = self.projections(inputs)
+        qkv, z, b, a = self.projections(inputs, norm)
         z = z.reshape(B, S, l.num_v_heads, l.head_v_dim)
 
         if cache is not None and cache[0] is not None:
@@ -279,5 +311,8 @@ class BlockDelta(Wrapper):
         if cache is not None:
             cache[1] = state
             cache.advance(S)
-        out = l.norm(out, z)
-        return l.out_proj(out.reshape(B, S, -1))
+        out = l.norm(out, z).reshape(B, S, -1)
+        if residual is not None:
+            w = weight_of(innermost(l.out_proj))
+            return self.ops.block_matmul(out, w, residual=residual)
+        return l.out_proj(out)

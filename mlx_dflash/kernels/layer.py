@@ -21,14 +21,18 @@ import mlx.nn as nn
 from ..wrapper import Wrapper, class_name
 from . import flash
 from .attention import MIRRORED, attend, is_block
+from .gdn import BlockDelta
 from .linear import MIRRORED_MLP, fusable, stock
-from .matmul import weight_of
+from .matmul import MAX_ROWS, Fits, block_of, weight_of
 
 MIRRORED_LAYERS = {
     "mlx_lm.models.llama.TransformerBlock",
     "mlx_lm.models.qwen2.TransformerBlock",
     "mlx_lm.models.qwen3.TransformerBlock",
 }
+# Decoder layers `h = x + mixer(norm1(x)); out = h + mlp(norm2(h))` whose mixer
+# is a GatedDeltaNet (`is_linear`) or an attention layer (HybridBlockLayer).
+HYBRID_LAYERS = {"mlx_lm.models.qwen3_5.DecoderLayer"}
 
 
 class BlockLayer(Wrapper):
@@ -40,10 +44,11 @@ class BlockLayer(Wrapper):
         self.ops = ops
         # flash.py's attention (its Params), or None
         self.kernel = flash.params(inner.self_attn) if kernel else None
+        self.fits = Fits()
 
     def __call__(self, x: mx.array, mask=None, cache=None):
         l, ops = self.inner, self.ops
-        if not (is_block(x, cache) and fits(ops, l, x)):
+        if not (is_block(x, cache) and self.fits(x, lambda: fits(ops, l, x))):
             return l(x, mask, cache)
 
         def attention(q, k, v):
@@ -67,11 +72,12 @@ class DraftBlockLayer(Wrapper):
         super().__init__(inner)
         self.ops = ops
         self.params = flash.params(inner.self_attn)  # None: the ops path only
+        self.fits = Fits()
 
     def __call__(self, x: mx.array, cache) -> mx.array:
         l, ops, p = self.inner, self.ops, self.params
         a = l["self_attn"]
-        if not (fusable(*linears(l)) and fits(ops, l, x)):
+        if not self.fits(x, lambda: fusable(*linears(l)) and fits(ops, l, x)):
             return l(x, cache)
         if a.window is None and p is not None and ops.attention_applies(p, x, cache):
             norms = qk_norms(l)
@@ -85,6 +91,68 @@ class DraftBlockLayer(Wrapper):
                 return a.attend(q, k, v, cache)
 
         return fused(ops, l, x, attention)
+
+
+class HybridBlockLayer(Wrapper):
+    """Wraps one mirrored Qwen3.5 decoder layer instance (`HYBRID_LAYERS`):
+    for a block of 2-64 rows its norms and residual adds ride in kernel
+    launches instead of being graph nodes of their own (a hybrid 9B verify is
+    host-bound: bench/results/h200-probe-verify-profile-qwen3_5-9b.txt). A
+    GatedDeltaNet mixer (gdn.py's `BlockDelta`) takes norm1 into its input
+    projections' launch and the residual into out_proj's; a mirrored MLP is
+    norm2 + gate/up/SwiGLU and down_proj + the residual (two launches).
+    Whatever does not fold runs as the stock layer writes it."""
+
+    def __init__(self, inner: nn.Module, ops):
+        super().__init__(inner)
+        self.ops = ops
+        self.fits = Fits()
+        mlp = inner.mlp
+        self.mlp_folds = class_name(mlp) in MIRRORED_MLP and fusable(
+            mlp.gate_proj, mlp.up_proj, mlp.down_proj
+        )
+
+    def __call__(self, x: mx.array, mask=None, cache=None):
+        l = self.inner
+        if not 1 < x.size // x.shape[-1] <= MAX_ROWS:
+            return l(x, mask, cache)
+        n1, n2 = l["input_layernorm"], l["post_attention_layernorm"]
+        mixer = l["linear_attn"] if l.is_linear else l["self_attn"]
+        if isinstance(mixer, BlockDelta) and mixer.folds(x, n1, cache):
+            h = mixer(x, mask, cache, norm=n1, residual=x)
+        else:
+            h = x + mixer(n1(x), mask, cache)
+        return self.ffn(h, n2)
+
+    def ffn(self, h: mx.array, norm: nn.RMSNorm) -> mx.array:
+        """`h + mlp(norm(h))`, in two launches where they take h."""
+        mlp, ops = self.inner["mlp"], self.ops
+        if self.mlp_folds:
+            gate, up, down = [weight_of(stock(mlp[n])) for n in _MLP]
+
+            def check():
+                return (
+                    norm["weight"].dtype == h.dtype
+                    and gate.shape == up.shape
+                    and ops.applies(h, gate, up)
+                    and ops.applies(block_of(h, down), down)
+                )
+
+            if self.fits(h, check):
+                m = ops.block_swiglu(h, gate, up, norm=(norm["weight"], norm.eps))
+                return ops.block_matmul(m, down, residual=h)
+        return h + mlp(norm(h))
+
+
+def wrap_hybrid(layer, ops) -> Optional[HybridBlockLayer]:
+    """A `HybridBlockLayer` around `layer` if its class is mirrored and its
+    norms are RMSNorms, else None."""
+    if class_name(layer) not in HYBRID_LAYERS:
+        return None
+    norms = (layer.input_layernorm, layer.post_attention_layernorm)
+    if any(type(n) is not nn.RMSNorm for n in norms):
+        return None
+    return HybridBlockLayer(layer, ops)
 
 
 # nn.Module attribute access costs ~1 µs per level (a failed normal lookup,

@@ -13,7 +13,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..wrapper import Wrapper, class_name
-from .matmul import blockable, weight_of
+from .matmul import Fits, blockable, weight_of
 
 
 def stock(module: nn.Module) -> nn.Module:
@@ -35,11 +35,12 @@ class BlockLinear(Wrapper):
     def __init__(self, inner: nn.Module, ops):
         super().__init__(inner)
         self.ops = ops
+        self.fits = Fits()
 
     def __call__(self, x: mx.array) -> mx.array:
         l = self["inner"]
         w = weight_of(l)
-        if self.ops.applies(x, w):
+        if self.fits(x, lambda: self.ops.applies(x, w)):
             return self.ops.block_matmul(x, w, l.get("bias"))
         return l(x)
 
@@ -61,11 +62,12 @@ class BlockMLP(Wrapper):
     def __init__(self, inner: nn.Module, ops):
         super().__init__(inner)
         self.ops = ops
+        self.fits = Fits()
 
     def __call__(self, x: mx.array) -> mx.array:
         mlp = self.inner
         g, u = weight_of(stock(mlp.gate_proj)), weight_of(stock(mlp.up_proj))
-        if g.shape != u.shape or not self.ops.applies(x, g, u):
+        if not self.fits(x, lambda: g.shape == u.shape and self.ops.applies(x, g, u)):
             return mlp(x)
         return mlp.down_proj(self.ops.block_swiglu(x, g, u))
 

@@ -24,7 +24,9 @@ the CUDA backend (cuda.py); for shapes it does not tile they run the stock
 product.
 """
 
-from typing import List, NamedTuple, Optional, Sequence, Union
+import functools
+import math
+from typing import Any, List, NamedTuple, Optional, Sequence, Union
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -448,6 +450,85 @@ def applies(x: mx.array, *weights: Weight) -> bool:
     )
 
 
+def block_of(x: mx.array, w: Weight) -> mx.array:
+    """A lazy block (never evaluated) of `x`'s rows and `w`'s input width: what
+    `applies` checks for a product whose input is computed later in a layer."""
+    return mx.zeros((*x.shape[:-1], w.shape[1]), x.dtype)
+
+
+class Fits:
+    """One wrapper's `applies` answers, kept per input (rows, width, dtype,
+    device): what they check of its weights (kind, dtype, shape) does not
+    change between calls, since the wrappers are built on the instances they
+    mirror, and a 9B verify's ~150 checks cost its host ~2 ms
+    (bench/results/h200-probe-verify-profile-qwen3_5-9b.txt). Inputs outside
+    2-64 rows are answered no without being kept, so what is kept stays small."""
+
+    __slots__ = ("_kept",)
+
+    def __init__(self):
+        self._kept = {}
+
+    def __call__(self, x: mx.array, check) -> bool:
+        """Whether the wrapper's launch takes block `x`; `check()` answers
+        the first time this kind of input comes."""
+        k = x.shape[-1]
+        rows = x.size // k if k else 0
+        if not 1 < rows <= MAX_ROWS:
+            return False
+        key = (rows, k, x.dtype, mx.default_device())
+        fit = self._kept.get(key)
+        if fit is None:
+            fit = self._kept[key] = bool(check())
+        return fit
+
+
+class _Plan(NamedTuple):
+    """What a launch passes besides its arrays, for one kind of call."""
+
+    kernel: Any
+    template: list
+    grid: tuple
+    threadgroup: tuple
+    output_shapes: list
+    output_dtypes: list
+
+
+# Kept per kind of call (a verify makes ~150 launches of a few kinds): rows
+# are at most 64 and the weights' shapes a model's few.
+@functools.lru_cache(maxsize=None)
+def _plan(shape, dtype, ns, kind, bias, swiglu, eps, residual, cols, warps) -> _Plan:
+    """The launch of `_launch` for inputs of `shape`/`dtype` and weights of
+    `ns` output rows and packing `kind` ((bits, group size) or None)."""
+    # Leading dims are the kernel's rows: no reshape nodes in or out.
+    k, lead = shape[-1], shape[:-1]
+    m = math.prod(lead)
+    auto_cols, auto_warps = tiling(m, k, kind is not None)
+    cols, warps = cols or auto_cols, warps or auto_warps
+    blocks = [n // cols for n in ns]
+    template = [
+        ("T", dtype),
+        ("MT", (m + 15) // 16),
+        ("NT", cols // 8),
+        ("WARPS", warps),
+        ("P", 2 if swiglu else 1),
+    ] + [(f"NB{i}", b) for i, b in enumerate(blocks[:-1])]
+    if kind is not None:
+        template += [("QB", kind[0]), ("GS", kind[1])]
+    kernel = _kernel(
+        dtype, len(ns), bias, swiglu, eps, residual, kind[0] if kind else None
+    )
+    outs = ns[:1] if swiglu else ns
+    return _Plan(
+        kernel,
+        template,
+        ((blocks[0] if swiglu else sum(blocks)) * 32 * warps, 1, 1),
+        (32 * warps, 1, 1),
+        [(*lead, n) for n in outs],
+        [dtype] * len(outs),
+    )
+
+
 def _launch(
     x,
     weights,
@@ -462,52 +543,38 @@ def _launch(
     `residual` an array added to the (single) output."""
     if bias is not None and residual is not None:
         raise ValueError("block_matmul takes a bias or a residual, not both")
-    # Leading dims are the kernel's rows: no reshape nodes in or out.
-    k = x.shape[-1]
-    lead = x.shape[:-1]
-    m = x.size // k
-    ns = [w.shape[0] for w in weights]
-    packed = isinstance(weights[0], Packed)
-    auto_cols, auto_warps = tiling(m, k, packed)
-    cols, warps = cols or auto_cols, warps or auto_warps
-    blocks = [n // cols for n in ns]
-    template = [
-        ("T", x.dtype),
-        ("MT", (m + 15) // 16),
-        ("NT", cols // 8),
-        ("WARPS", warps),
-        ("P", 2 if swiglu else 1),
-    ] + [(f"NB{i}", b) for i, b in enumerate(blocks[:-1])]
+    first = weights[0]
+    packed = isinstance(first, Packed)
+    p = _plan(
+        x.shape,
+        x.dtype,
+        tuple(w.weight.shape[0] if packed else w.shape[0] for w in weights),
+        (first.bits, first.group_size) if packed else None,
+        bias is not None,
+        swiglu,
+        None if norm is None else float(norm[1]),
+        residual is not None,
+        cols,
+        warps,
+    )
     inputs = [x]
     for w in weights:
         inputs += [w.weight, w.scales, w.biases] if packed else [w]
-    if packed:
-        template += [("QB", weights[0].bits), ("GS", weights[0].group_size)]
     if bias is not None:
         inputs.append(bias)
     if residual is not None:
-        if residual.shape != (*lead, ns[0]):
-            raise ValueError(f"residual {residual.shape} for output {(*lead, ns[0])}")
+        if residual.shape != p.output_shapes[0]:
+            raise ValueError(f"residual {residual.shape} for output {p.output_shapes[0]}")
         inputs.append(residual)
     if norm is not None:
         inputs.append(norm[0])
-    eps = None if norm is None else float(norm[1])
-    kernel = _kernel(
-        x.dtype,
-        len(weights),
-        bias is not None,
-        swiglu,
-        eps,
-        residual is not None,
-        weights[0].bits if packed else None,
-    )
-    return kernel(
+    return p.kernel(
         inputs=inputs,
-        template=template,
-        grid=((blocks[0] if swiglu else sum(blocks)) * 32 * warps, 1, 1),
-        threadgroup=(32 * warps, 1, 1),
-        output_shapes=[(*lead, ns[0])] if swiglu else [(*lead, n) for n in ns],
-        output_dtypes=[x.dtype] * (1 if swiglu else len(ns)),
+        template=p.template,
+        grid=p.grid,
+        threadgroup=p.threadgroup,
+        output_shapes=p.output_shapes,
+        output_dtypes=p.output_dtypes,
     )
 
 

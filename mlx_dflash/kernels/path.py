@@ -28,9 +28,9 @@ from mlx_lm.models.qwen3_5 import GatedDeltaNet
 from ..wrapper import Wrapper
 from .attention import wrap_attention
 from .gdn import BlockDelta, StepStates
-from .layer import DraftBlockLayer, wrap_layer
+from .layer import DraftBlockLayer, HybridBlockLayer, wrap_hybrid, wrap_layer
 from .linear import BlockLinear, plain_linears, wrap_mlp
-from .matmul import QUANTIZED, blockable, weight_of
+from .matmul import QUANTIZED, Fits, blockable, weight_of
 
 AUTO = "auto"
 
@@ -114,18 +114,22 @@ class BlockPath:
                     f.slots.append(
                         (inner, "linear_attn", la, BlockDelta(la, ops, self.linear))
                     )
+            hybrid = None
             if self.linear:
                 wrapped = wrap_layer(inner, self.fold_from, ops, kernel)
                 if wrapped is not None:
                     f.layers.append((target.layers, i, inner, wrapped))
                     continue
+                hybrid = wrap_hybrid(inner, ops)
+                if hybrid is not None:  # its mixer keeps its own wrappers
+                    f.layers.append((target.layers, i, inner, hybrid))
             attn, mlp = inner.get("self_attn", None), inner.get("mlp", None)
             if attn is not None and (own or self.linear):
                 wrapped = wrap_attention(attn, self.fold_from, ops, self.linear, kernel)
                 if wrapped is not None:
                     f.attention.append(wrapped)
                     f.slots.append((inner, "self_attn", attn, wrapped))
-            if mlp is not None and self.linear:
+            if mlp is not None and self.linear and not (hybrid and hybrid.mlp_folds):
                 wrapped = wrap_mlp(mlp, ops)
                 if wrapped is not None:
                     f.mlp.append(wrapped)
@@ -133,7 +137,7 @@ class BlockPath:
         if self.linear:
             # Whole wrapped layers launch their products themselves: no
             # wrapper there (a verify would put on ~250 for nothing).
-            inside = {id(m) for *_, w in f.layers for m in plain_linears(w.inner)}
+            inside = {id(m) for *_, w in f.layers for m in _launched(w)}
             f.add_linears(target.backbone, skip=inside | shards)
             head = target.lm.get("lm_head", None) or target.embed_tokens
             heads = (nn.Linear, nn.Embedding, *QUANTIZED)
@@ -203,6 +207,7 @@ class Fitting:
         self.mlp: List[Wrapper] = []
         self.linears: List[nn.Module] = []
         self.head: Optional[nn.Module] = None
+        self.head_fits = Fits()
 
     def add_linears(self, root: nn.Module, skip=frozenset()):
         """`BlockLinear` for every `blockable` Linear under `root` not in `skip`."""
@@ -230,9 +235,16 @@ class Fitting:
         m = self.head
         if m is not None:
             w = weight_of(m)
-            if self.ops.applies(h, w):
+            if self.head_fits(h, lambda: self.ops.applies(h, w)):
                 return self.ops.block_matmul(h, w)
         return head(h)
+
+
+def _launched(wrapped) -> List[nn.Module]:
+    """The Linear layers whose products a wrapped layer launches itself."""
+    if isinstance(wrapped, HybridBlockLayer):
+        return plain_linears(wrapped.inner["mlp"]) if wrapped.mlp_folds else []
+    return plain_linears(wrapped.inner)
 
 
 def _put_layer(layers: list, i: int, stock, wrapped, module):

@@ -1,0 +1,110 @@
+"""Probe: the host time of building a verify graph through the CUDA block path,
+on any machine (issue #25: the 9B verify is host-bound,
+bench/results/h200-probe-verify-profile-qwen3_5-9b.txt).
+
+    python bench/probes/probe_build_host.py qwen3.5-9b --layers 8 [--quantize 4]
+Builds a real shape with fewer layers (and a small vocabulary), and runs
+`Target.forward` of a 16-row block through CUDA's wrappers and launch code
+(kernels/cuda.py, matmul.py, gdn.py ...) with every `mx.fast.cuda_kernel`
+replaced by a stand-in that returns lazy zeros of the launch's output shapes,
+and the wrappers' GPU checks answered yes. The forward is never evaluated: the time is
+Python's and MLX's graph building, what the H200 profile counted as `build_ms`.
+Prints one JSON line: median (and least) ms per build, median per layer, and the top own-time
+functions (cProfile) if --profile.
+"""
+
+import argparse
+import cProfile
+import gc
+import io
+import json
+import pstats
+import statistics
+import time
+
+import mlx.core as mx
+import mlx.nn as nn
+
+
+def stub_kernel(**kernel):
+    def launch(inputs, output_shapes, output_dtypes, **_):
+        outs = [mx.zeros(s, d) for s, d in zip(output_shapes, output_dtypes)]
+        return mx.depends(outs, inputs)  # so the graph reaches the inputs
+
+    return launch
+
+
+def nodes(*outputs) -> int:
+    """Primitives in the graph of `outputs` (a stand-in launch counts three:
+    its zeros, their broadcast and the dependency)."""
+    f = io.StringIO()
+    mx.export_to_dot(f, *outputs)
+    return f.getvalue().count("shape=rectangle")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("shape", nargs="?", default="qwen3.5-9b")
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--rows", type=int, default=16)
+    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--quantize", type=int, default=None)
+    p.add_argument("--vocab", type=int, default=4096, help="a small head: its size is not the point")
+    p.add_argument("--profile", action="store_true")
+    a = p.parse_args()
+
+    mx.fast.cuda_kernel = stub_kernel
+    real_default = mx.default_device
+    mx.default_device = lambda: mx.gpu  # the wrappers' "on MLX CUDA?" checks
+    from mlx_lm.utils import _get_classes
+
+    from mlx_dflash.bench.shapes import PRESETS, _text
+    from mlx_dflash.kernels import BlockPath
+    from mlx_dflash.kernels.cuda import CudaKernels
+    from mlx_dflash.target import Target
+
+    config = dict(PRESETS[a.shape][0])
+    fewer = dict(num_hidden_layers=a.layers, vocab_size=a.vocab)
+    if "text_config" in config:
+        config["text_config"] = dict(config["text_config"], **fewer)
+    else:
+        config.update(fewer)
+    model_cls, args_cls = _get_classes(config)
+    model = model_cls(args_cls.from_dict(config))
+    model.set_dtype(mx.bfloat16)
+    model.eval()
+    if a.quantize:
+        nn.quantize(model, group_size=64, bits=a.quantize)
+    mx.eval(model.parameters())  # so the graph counted is the forward's alone
+    target = Target(model, block_path=BlockPath.choose(CudaKernels()), flush_every=0)
+    tokens = mx.zeros((1, a.rows), mx.uint32)
+    times, prof = [], cProfile.Profile() if a.profile else None
+    gc.disable()  # a collection inside one build is noise, not its cost
+    for r in range(a.reps + 3):
+        cache = target.make_cache()
+        t0 = time.perf_counter()
+        if prof and r >= 3:
+            prof.enable()
+        logits, _ = target.forward(tokens, cache)
+        if prof and r >= 3:
+            prof.disable()
+        if r >= 3:
+            times.append((time.perf_counter() - t0) * 1e3)
+        if r == 0:
+            count = nodes(logits)
+    gc.enable()
+    mx.default_device = real_default
+    ms = statistics.median(times)
+    print(json.dumps(dict(
+        shape=a.shape, layers=a.layers,
+        of=_text(PRESETS[a.shape][0])["num_hidden_layers"],
+        bits=a.quantize or 16, rows=a.rows, build_ms=round(ms, 3),
+        min_ms=round(min(times), 3),
+        per_layer_ms=round(ms / a.layers, 4), nodes=count,
+    )), flush=True)
+    if prof:
+        pstats.Stats(prof).sort_stats("tottime").print_stats(15)
+
+
+if __name__ == "__main__":
+    main()
