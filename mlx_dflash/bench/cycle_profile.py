@@ -103,7 +103,7 @@ def profile_cycle(
             d_new.append((time.perf_counter() - tic) * 1e3)
     out["verify_new_len_ms"] = summarize(v_new)["median"]
     out["draft_new_len_ms"] = summarize(d_new)["median"] if d_new else 0.0
-    del cache
+    cache.clear()  # the caches go before clear_cache (the closures hold the list)
     mx.clear_cache()
     return out
 
