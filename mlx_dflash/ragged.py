@@ -6,7 +6,8 @@ layer's K/V right-padded in one buffer: row b's keys are columns
 0 .. lengths[b]-1, a forward of N tokens writes row b's at lengths[b] ..
 lengths[b]+N-1 (one scatter), RoPE takes the per-row `offset` array (as
 mlx_lm's `BatchKVCache` has it), and the mask shows query i of row b the keys
-0 .. lengths[b]+i. Rolling a row back only lowers its length: the stale
+0 .. lengths[b]+i (the offsets and write columns built once per forward for
+all layers: `Positions`). Rolling a row back only lowers its length: the stale
 columns stay hidden until a later write covers them. GatedDeltaNet layers keep
 mlx_lm's `ArraysCache` with one row per request (rollback.py rolls those back
 per row). `RaggedCache` is the list of them a model takes as `cache=`, plus
@@ -22,20 +23,56 @@ from mlx_lm.models.cache import ArraysCache, KVCache
 from .cache import BucketKVCache, additive
 
 
+class Positions:
+    """The rows' lengths as arrays, shared by a batch's attention layers: each
+    layer of a forward writes the same columns and reads the same offsets, so
+    they are built once per forward, not once per layer (each layer's own made
+    some 8 graph nodes and an upload; a verify is host-bound on MLX CUDA)."""
+
+    KEEP = 8  # entries: a forward asks for two lengths (before, after)
+
+    def __init__(self):
+        self._kept = {}
+
+    def _get(self, lengths: List[int], key, make):
+        key = (tuple(lengths), key)
+        got = self._kept.get(key)
+        if got is None:
+            if len(self._kept) >= self.KEEP:
+                self._kept.clear()
+            got = self._kept[key] = make()
+        return got
+
+    def offset(self, lengths: List[int]) -> mx.array:
+        """(B,) int32: each row's length."""
+        return self._get(lengths, "offset", lambda: mx.array(lengths, mx.int32))
+
+    def columns(self, lengths: List[int], n: int, shape) -> mx.array:
+        """Where each row's `n` new positions go, broadcast to `shape` (B, H, n, D)."""
+
+        def make():
+            cols = (self.offset(lengths)[:, None] + mx.arange(n))[:, None, :, None]
+            return mx.broadcast_to(cols, shape)
+
+        return self._get(lengths, (n, tuple(shape)), make)
+
+
 class RaggedKVCache:
-    """One attention layer's K/V for B rows of their own lengths (see above)."""
+    """One attention layer's K/V for B rows of their own lengths (see above);
+    `positions` shared with the batch's other layers (RaggedCache's)."""
 
     step = 256
 
-    def __init__(self):
+    def __init__(self, positions: Positions = None):
         self.keys = self.values = None
+        self.positions = positions or Positions()
         self.lengths: List[int] = []
         self.offset = mx.array([], mx.int32)
         self.kind = KVCache  # the one-row caches' class (`row` makes one)
 
     def _set_lengths(self, lengths: List[int]):
         self.lengths = list(lengths)
-        self.offset = mx.array(self.lengths, mx.int32)
+        self.offset = self.positions.offset(self.lengths)
 
     def capacity_for(self, n: int) -> int:
         """The buffer length once every row has `n` more positions."""
@@ -53,13 +90,12 @@ class RaggedKVCache:
     def update_and_fetch(self, keys, values):
         n = keys.shape[2]
         self._grow(self.capacity_for(n))
-        B, H, _, _ = keys.shape
-        cols = (self.offset[:, None] + mx.arange(n))[:, None, :, None]
+        cols = self.positions.columns
         self.keys = mx.put_along_axis(
-            self.keys, mx.broadcast_to(cols, keys.shape), keys, axis=2
+            self.keys, cols(self.lengths, n, keys.shape), keys, axis=2
         )
         self.values = mx.put_along_axis(
-            self.values, mx.broadcast_to(cols, values.shape), values, axis=2
+            self.values, cols(self.lengths, n, values.shape), values, axis=2
         )
         self._set_lengths([l + n for l in self.lengths])
         return self.keys, self.values
@@ -124,6 +160,7 @@ class RaggedCache:
     def __init__(self):
         self.layers: List[Any] = []
         self.rows = 0
+        self.positions = Positions()  # the attention layers'
 
     def add(self, solo: List[Any]):
         """A one-row cache list (the model's own kinds) becomes row `rows`."""
@@ -132,7 +169,7 @@ class RaggedCache:
                 if type(c) is ArraysCache:
                     self.layers.append(ArraysCache(len(c.cache)))
                 elif isinstance(c, KVCache) and not hasattr(c, "bits"):
-                    self.layers.append(RaggedKVCache())
+                    self.layers.append(RaggedKVCache(self.positions))
                 else:
                     raise ValueError(
                         f"cache type {type(c).__name__} cannot be batched"

@@ -613,3 +613,36 @@ def test_a_batch_of_one_decodes_over_its_own_caches():
         step()
     assert ops.calls["flash"] > flash
     assert out[1] == r1 and out[2] == r2
+
+
+def test_attention_layers_share_one_set_of_row_positions():
+    """A batch's attention layers write their rows' new keys where each row's
+    one-row cache would, from one offset array and one column index per
+    forward (built once, not per layer: ragged.Positions)."""
+    from mlx_dflash.ragged import RaggedCache
+
+    rng = np.random.default_rng(0)
+    solos = []
+    for n in (5, 9):
+        layers = []
+        for _ in range(3):
+            kv = KVCache()
+            kv.update_and_fetch(*[mx.array(rng.normal(size=(1, 2, n, 4)), mx.float32)] * 2)
+            layers.append(kv)
+        solos.append(layers)
+    batch = RaggedCache()
+    for s in solos:
+        batch.add(s)
+    new = mx.array(rng.normal(size=(2, 2, 3, 4)), mx.float32)
+    for c in batch.layers:
+        c.update_and_fetch(new, new)
+    first = batch.layers[0]
+    for c in batch.layers[1:]:
+        assert c.offset is first.offset
+    assert first.positions.columns([5, 9], 3, new.shape) is first.positions.columns(
+        [5, 9], 3, new.shape
+    )
+    for b, s in enumerate(solos):
+        for c, kv in zip(batch.layers, s):
+            keys, _ = kv.update_and_fetch(new[b : b + 1], new[b : b + 1])
+            assert np.array_equal(np.array(c.row(b).keys), np.array(keys))
