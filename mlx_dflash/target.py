@@ -48,6 +48,11 @@ class Tap(Wrapper):
     def __call__(self, *args, **kwargs):
         return self.seen(args[0] if args else None, self.inner(*args, **kwargs))
 
+    @property
+    def recording(self) -> bool:
+        """Whether `seen` keeps what it is given now."""
+        return self._capture.on
+
     def seen(self, x, out):
         """Record `out` as this module's output for input `x` (also for a
         caller that computed it in a launch of its own: kernels/gdn.py)."""

@@ -94,6 +94,7 @@ def tiny_model(family: str, seed: int = 0) -> nn.Module:
     model.update(params)
     model.set_dtype(mx.float32)
     mx.eval(model.parameters())
+    model.eval()  # inference mode, as mlx_lm.load leaves a model
     return model
 
 

@@ -6,7 +6,7 @@ import pytest
 from helpers import on_cuda
 from mlx_lm.models.cache import ArraysCache
 from mlx_lm.models.gated_delta import gated_delta_ops, normalize_qk
-from models import tiny_model
+from models import kernel_model, tiny_model
 
 from mlx_dflash.kernels.gdn import BlockDelta, gated_delta, gated_delta_cuda
 
@@ -80,3 +80,44 @@ def test_cuda_step_states_are_the_states_of_shorter_runs(dtype):
             q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], state
         )
         assert mx.array_equal(states[t], s_t)
+
+
+def _kernel_layer(dtype):
+    """The first GatedDeltaNet of the CUDA kernels' qwen3_5 model (Hk 4, Dk 128,
+    Hv 16, Dv 32), in `dtype`, with A_log away from zero."""
+    layer = kernel_model("qwen3_5").layers[0].linear_attn
+    layer.set_dtype(dtype)
+    layer.A_log = mx.random.uniform(-1, 1, layer.A_log.shape).astype(dtype)
+    return layer
+
+
+@on_cuda
+@pytest.mark.parametrize("T", [1, 2, 16])
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
+def test_cuda_conv_kernel_matches_stock_ops(T, dtype):
+    """`gated_delta_conv_cuda`: the layer's conv + SiLU, q/k norms, g, beta and
+    the recurrence from its conv input in one launch, against the stock ops
+    (GatedDeltaNet.__call__'s) and the recurrence kernel; with step states,
+    each the state after that step."""
+    import mlx.nn as nn
+
+    from mlx_dflash.kernels.gdn import gated_delta_conv_cuda, recurrence_inputs
+
+    mx.random.seed(1)
+    layer = _kernel_layer(dtype)
+    conv_in = mx.random.normal((1, 3 + T, layer.conv_dim)).astype(dtype)
+    a = mx.random.normal((1, T, 16)).astype(dtype)
+    b = mx.random.normal((1, T, 16)).astype(dtype)
+    state = mx.random.normal((1, 16, 32, 128)) * 0.1
+    q, k, v = recurrence_inputs(layer, nn.silu(layer.conv1d(conv_in)))
+    g = mx.exp(-mx.exp(layer.A_log.astype(mx.float32)) * nn.softplus(a + layer.dt_bias))
+    y1, s1 = gated_delta_ops(q, k, v, g, mx.sigmoid(b), state)
+    y2, s2, states = gated_delta_conv_cuda(layer, conv_in, a, b, state, step_states=True)
+    # fp32: cuDNN may run the stock conv in TF32
+    tol = (2e-3, 2e-3) if dtype == mx.float32 else (3e-2, 5e-3)
+    err = np.abs(np.array(y1.astype(mx.float32)) - np.array(y2.astype(mx.float32)))
+    assert err.max() < tol[0], err.max()
+    assert np.abs(np.array(s1) - np.array(s2)).max() < tol[1]
+    assert mx.array_equal(states[T - 1], s2)
+    y3, s3 = gated_delta_conv_cuda(layer, conv_in, a, b, state)
+    assert mx.array_equal(y3, y2) and mx.array_equal(s3, s2)

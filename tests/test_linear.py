@@ -9,6 +9,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from mlx_lm.models.gated_delta import gated_delta_update
 from mlx.utils import tree_flatten
 from helpers import on_cuda
 from models import kernel_model, tiny_model
@@ -16,6 +17,7 @@ from models import kernel_model, tiny_model
 from mlx_dflash.cache import BucketKVCache
 from mlx_dflash.kernels import BlockPath
 from mlx_dflash.kernels.cuda import CudaKernels
+from mlx_dflash.kernels.gdn import recurrence_inputs
 from mlx_dflash.kernels.layer import BlockLayer
 from mlx_dflash.kernels.linear import BlockLinear, plain_linears
 from mlx_dflash.kernels.matmul import (
@@ -29,6 +31,7 @@ from mlx_dflash.kernels.matmul import (
     rows_fit,
 )
 from mlx_dflash.target import Target
+from mlx_dflash.wrapper import innermost
 
 
 def reference(x, w, b=None):
@@ -189,7 +192,7 @@ class OpsKernels(CudaKernels):
 
     def __init__(self):
         self.calls = dict.fromkeys(
-            ("matmul", "residual", "qkv", "swiglu", "norm", "flash"), 0
+            ("matmul", "residual", "qkv", "swiglu", "norm", "flash", "delta_conv"), 0
         )
         self.packed = 0  # products of quantized weights
 
@@ -254,6 +257,27 @@ class OpsKernels(CudaKernels):
 
         return rope(q), rope(k), v
 
+    def delta_conv_applies(self, layer, conv_in, state, mask):
+        return mask is None and type(innermost(layer.conv1d)) is nn.Conv1d
+
+    def gated_delta_conv(self, layer, conv_in, a, b, state, step_states=False):
+        """The stock ops from the conv input on (GatedDeltaNet.__call__), and
+        with `step_states` the state after each step, one step at a time."""
+        self.calls["delta_conv"] += 1
+        q, k, v = recurrence_inputs(layer, nn.silu(innermost(layer.conv1d)(conv_in)))
+        args = (layer.A_log, layer.dt_bias)
+        if not step_states:
+            return gated_delta_update(q, k, v, a, b, *args, state, use_kernel=False)
+        ys, states = [], []
+        for t in range(q.shape[1]):
+            s = slice(t, t + 1)
+            y, state = gated_delta_update(
+                q[:, s], k[:, s], v[:, s], a[:, s], b[:, s], *args, state, use_kernel=False
+            )
+            ys.append(y)
+            states.append(state)
+        return mx.concatenate(ys, axis=1), state, mx.stack(states)
+
     def attention(self, q, keys, values, off, scale, causal=True):
         # The whole buffer, masked to what the kernel reads.
         L, C = q.shape[2], keys.shape[2]
@@ -276,15 +300,16 @@ def kernel_as_ops():
 # The fused launches each family's layers take: whole layers where every product
 # is bias-free; qwen2 (q/k/v biases) only gate/up; qwen3_5 (gated attention,
 # GatedDeltaNet) its dense MLPs, each GatedDeltaNet's four input
-# projections in one (multi-weight, "qkv") launch, and its layers' norms and
-# residual adds folded into those launches; qwen3_moe (MoE MLPs) only q/k/v. flash.py's
+# projections in one (multi-weight, "qkv") launch, its layers' norms and
+# residual adds folded into those launches, and everything from a
+# GatedDeltaNet's conv input to its recurrence in one ("delta_conv"); qwen3_moe (MoE MLPs) only q/k/v. flash.py's
 # attention wherever attention.py mirrors the attention layer.
 FUSED = {
     "llama": {"norm", "residual", "qkv", "swiglu", "flash"},
     "qwen3": {"norm", "residual", "qkv", "swiglu", "flash"},
     "qwen2": {"swiglu", "flash"},
     # Its decoder layers fold their norms and residual adds (HybridBlockLayer).
-    "qwen3_5": {"norm", "residual", "swiglu", "qkv"},
+    "qwen3_5": {"norm", "residual", "swiglu", "qkv", "delta_conv"},
     "qwen3_moe": {"qkv", "flash"},
 }
 
@@ -314,6 +339,8 @@ def test_hybrid_layers_fold_norms_and_residuals_exactly(kernel_as_ops, family):
     # of out_proj and down_proj.
     assert calls["norm"] == 2 * (gdn_layers + dense_mlps)
     assert calls["residual"] == 2 * (gdn_layers + dense_mlps)
+    # Each GatedDeltaNet's conv, norms, gates and recurrence: one launch.
+    assert calls["delta_conv"] == 2 * gdn_layers
 
 
 @pytest.mark.parametrize("family", list(FUSED))
@@ -339,7 +366,7 @@ def test_greedy_through_block_wrappers_equals_stock(kernel_as_ops, family, kind)
     assert calls["matmul"] > 0  # o/down projections, the head, the draft
     # The DFlash draft's own layers take every fused launch.
     fused = FUSED[family] | (FUSED["qwen3"] if kind == "dflash" else set())
-    for launch in ("norm", "residual", "qkv", "swiglu", "flash"):
+    for launch in ("norm", "residual", "qkv", "swiglu", "flash", "delta_conv"):
         assert (calls[launch] > 0) == (launch in fused), launch
     whole = "norm" in FUSED[family]
     assert len(target.fitting.layers) == (target.num_layers if whole else 0)

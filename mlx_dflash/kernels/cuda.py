@@ -40,9 +40,12 @@ class CudaKernels:
         """flash.attend through this backend's `norm_rope` and `attention`."""
         return flash.attend(self, p, q, k, v, cache, norms, causal, advance)
 
-    # gdn.py: the GatedDeltaNet recurrence of a whole block.
+    # gdn.py: the GatedDeltaNet recurrence of a whole block, alone or with
+    # everything from the layer's conv input to it.
     delta_applies = staticmethod(gdn.cuda_applies)
     gated_delta = staticmethod(gdn.gated_delta_cuda)
+    delta_conv_applies = staticmethod(gdn.conv_applies)
+    gated_delta_conv = staticmethod(gdn.gated_delta_conv_cuda)
 
     def __repr__(self):
         return f"{type(self).__name__}()"

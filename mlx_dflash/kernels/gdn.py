@@ -10,7 +10,9 @@ warp keeps one row of the (Dv x Dk) state in registers for all T steps.
 that takes the kernel when a backend (cuda.py's) is given and it applies, and
 the stock function otherwise (Metal kernel on Apple GPUs, ops path on CPU).
 `BlockDelta` wraps one GatedDeltaNet *instance* and runs the stock forward
-with only the recurrence call swapped; the block path (path.py) puts it on the
+with its four input projections in one launch and, where the backend takes
+it, everything from the conv input to the recurrence's output in one more
+(`gated_delta_conv_cuda`); the block path (path.py) puts it on the
 target's instances for the duration of `Target.forward` (the stock class and
 every other instance stay untouched).
 """
@@ -128,6 +130,147 @@ def gated_delta_cuda(q, k, v, g, beta, state, step_states: bool = False):
     )
 
 
+# The same recurrence with everything from the layer's conv input to it in the
+# launch: the depthwise causal conv + SiLU of each channel a lane needs, q/k
+# L2-normalised (and scaled) per head across the warp, g and beta from a and b.
+# Each value is rounded to the input type where the stock ops round it (conv,
+# SiLU, rms_norm, the scale; a + dt_bias, softplus; sigmoid), so the launch
+# stands for 12 graph nodes per layer (Convolution, SiLU, Split, 3 Reshapes,
+# 2 RMSNorms, 2 Multiplies, compute_g, Sigmoid) of a host-bound verify.
+# Grid and block as `_SOURCE`; conv_in (B, K-1+T, C), conv_w (C, K, 1).
+_CONV_SOURCE = """
+  const int lane = threadIdx.x;
+  const int dv = blockIdx.y * blockDim.y + threadIdx.y;
+  const int n = blockIdx.z;
+  const int T = a_in_shape[1];
+  const int b = n / Hv, hv = n % Hv, hk = hv / (Hv / Hk);
+  constexpr int PER = Dk / 32;
+  constexpr int C = 2 * Hk * Dk + Hv * Dv;
+  const int k0 = lane * PER;
+  // A value as the stock op leaves it: rounded to the input type.
+  auto rnd = [](float f) { return static_cast<float>(static_cast<InT>(f)); };
+  const InT* x = conv_in + (size_t)(n / Hv) * (T + K - 1) * C;
+  // silu(conv(x))[t, c] of the depthwise causal conv (MLX's: no flip).
+  auto conv_silu = [&](int t, int c) {
+    float acc = 0.0f;
+    for (int j = 0; j < K; ++j)
+      acc += static_cast<float>(x[(size_t)(t + j) * C + c]) *
+             static_cast<float>(conv_w[c * K + j]);
+    const float u = rnd(acc);
+    return rnd(u * rnd(1.0f / (1.0f + expf(-u))));
+  };
+  const float inv2 = rnd(1.0f / Dk), inv = rnd(rsqrtf((float)Dk));
+  const float eps = 1e-6f / Dk;  // mlx_lm normalize_qk: eps * inv_scale**2
+  const float A = expf(static_cast<float>(A_log[hv]));
+  const float dtb = static_cast<float>(dt_bias[hv]);
+
+  float s[PER];
+  const float* s_in = state_in + ((size_t)n * Dv + dv) * Dk + k0;
+  for (int i = 0; i < PER; ++i) s[i] = s_in[i];
+
+  for (int t = 0; t < T; ++t) {
+    float q[PER], k[PER], sq = 0.0f, sk = 0.0f;
+    for (int i = 0; i < PER; ++i) {
+      q[i] = conv_silu(t, hk * Dk + k0 + i);
+      k[i] = conv_silu(t, Hk * Dk + hk * Dk + k0 + i);
+      sq += q[i] * q[i];
+      sk += k[i] * k[i];
+    }
+    const float rq = rsqrtf(warp_sum(sq) / Dk + eps);
+    const float rk = rsqrtf(warp_sum(sk) / Dk + eps);
+    for (int i = 0; i < PER; ++i) {
+      q[i] = rnd(rnd(q[i] * rq) * inv2);
+      k[i] = rnd(rnd(k[i] * rk) * inv);
+    }
+    const float vt = conv_silu(t, 2 * Hk * Dk + hv * Dv + dv);
+    const size_t gb = (size_t)(b * T + t) * Hv + hv;
+    const float at = rnd(static_cast<float>(a_in[gb]) + dtb);
+    const float gt = expf(-A * rnd(fmaxf(at, 0.0f) + log1pf(expf(-fabsf(at)))));
+    const float bt = rnd(1.0f / (1.0f + expf(-static_cast<float>(b_in[gb]))));
+    const size_t vy = ((size_t)(b * T + t) * Hv + hv) * Dv + dv;
+    float kv = 0.0f;
+    for (int i = 0; i < PER; ++i) {
+      s[i] *= gt;
+      kv += s[i] * k[i];
+    }
+    kv = warp_sum(kv);
+    const float delta = (vt - kv) * bt;
+    float out = 0.0f;
+    for (int i = 0; i < PER; ++i) {
+      s[i] += k[i] * delta;
+      out += s[i] * q[i];
+    }
+    out = warp_sum(out);
+    if (lane == 0) y[vy] = static_cast<InT>(out);
+    STEP_STATES
+  }
+  float* s_out = state_out + ((size_t)n * Dv + dv) * Dk + k0;
+  for (int i = 0; i < PER; ++i) s_out[i] = s[i];
+"""
+
+def _cuda_conv_kernel(step_states: bool):
+    key = ("conv", step_states)
+    if key not in _kernels:
+        outputs = ["y", "state_out"] + (["states"] if step_states else [])
+        _kernels[key] = mx.fast.cuda_kernel(
+            name="dflash_gated_delta_conv" + ("_steps" if step_states else ""),
+            input_names=["conv_in", "conv_w", "a_in", "b_in", "A_log", "dt_bias", "state_in"],
+            output_names=outputs,
+            source=_CONV_SOURCE.replace(
+                "STEP_STATES", _STEP_STATES if step_states else ""
+            ),
+            header=_HEADER,
+        )
+    return _kernels[key]
+
+
+def conv_applies(layer: GatedDeltaNet, conv_in: mx.array, state, mask) -> bool:
+    """Whether `gated_delta_conv_cuda` takes this layer's call (MLX CUDA's GPU
+    assumed): the stock conv (no bias) and heads the recurrence kernel takes."""
+    conv = layer.conv1d
+    conv = conv["inner"] if isinstance(conv, Wrapper) else conv
+    return (
+        mx.default_device() == mx.gpu
+        and mask is None
+        and (state is None or state.dtype == mx.float32)
+        and conv_in.dtype in (mx.bfloat16, mx.float16, mx.float32)
+        and type(conv) is nn.Conv1d
+        and "bias" not in conv
+        and conv.weight.shape == (layer.conv_dim, layer.conv_kernel_size, 1)
+        and layer.head_k_dim % 32 == 0
+        and layer.head_v_dim % 4 == 0
+    )
+
+
+def gated_delta_conv_cuda(
+    layer: GatedDeltaNet, conv_in, a, b, state, step_states: bool = False
+):
+    """`gated_delta_cuda` of the layer's recurrence inputs computed from its
+    conv input (B, K-1+T, conv_dim) in the same launch; returns as it does."""
+    B = conv_in.shape[0]
+    T = a.shape[1]
+    Hk, Dk = layer.num_k_heads, layer.head_k_dim
+    Hv, Dv = layer.num_v_heads, layer.head_v_dim
+    conv = layer.conv1d
+    conv = conv["inner"] if isinstance(conv, Wrapper) else conv
+    shapes = [(B, T, Hv, Dv), state.shape] + ([(T, *state.shape)] if step_states else [])
+    return _cuda_conv_kernel(step_states)(
+        inputs=[conv_in, conv["weight"], a, b, layer.A_log, layer.dt_bias, state],
+        template=[
+            ("InT", conv_in.dtype),
+            ("Hk", Hk),
+            ("Hv", Hv),
+            ("Dk", Dk),
+            ("Dv", Dv),
+            ("K", layer.conv_kernel_size),
+        ],
+        grid=(32, Dv, B * Hv),
+        threadgroup=(32, 4, 1),
+        output_shapes=shapes,
+        output_dtypes=[conv_in.dtype] + [mx.float32] * (len(shapes) - 1),
+    )
+
+
 # Verify blocks keep every step's state for rollback; longer forwards (prefill
 # chunks) keep only the final one.
 MAX_STEP_STATES = MAX_BLOCK
@@ -241,6 +384,26 @@ class BlockDelta(Wrapper):
                 return outs
         return [m(x) for m in mods]
 
+    def _from_conv_input(self, conv_input, a, b, state, steps):
+        """The recurrence from the conv input in one launch (`gated_delta_conv`);
+        rollback's tap on conv1d (target.py's) still sees the conv's input, and
+        its output as a lazy node a replay may evaluate, never this forward."""
+        l = self.inner
+        conv = l.conv1d
+        if hasattr(conv, "seen"):
+            out = innermost(conv)(conv_input) if conv.recording else None
+            conv.seen(conv_input, out)
+        if state is None:
+            B = conv_input.shape[0]
+            state = mx.zeros((B, l.num_v_heads, l.head_v_dim, l.head_k_dim), mx.float32)
+        if steps is not None:
+            steps.states = None
+        keep = steps is not None and 1 < a.shape[1] <= MAX_STEP_STATES
+        out = self.ops.gated_delta_conv(l, conv_input, a, b, state, keep)
+        if keep:
+            steps.states = out[2]
+        return out[0], out[1]
+
     def folds(self, x: mx.array, norm: nn.RMSNorm, cache: Any) -> bool:
         """Whether a call with `norm=norm, residual=x` takes block `x` (the
         decoder layer's input, not yet normed): its input projections' launch
@@ -290,24 +453,29 @@ class BlockDelta(Wrapper):
         conv_input = mx.concatenate([conv_state, qkv], axis=1)
         if cache is not None:
             cache[0] = mx.contiguous(conv_input[:, -(l.conv_kernel_size - 1) :, :])
-        conv_out = nn.silu(l.conv1d(conv_input))
-
-        q, k, v = recurrence_inputs(l, conv_out)
         state = cache[1] if cache else None
-        out, state = gated_delta(
-            q,
-            k,
-            v,
-            a,
-            b,
-            l.A_log,
-            l.dt_bias,
-            state,
-            mask,
-            use_kernel=not l.training,
-            steps=getattr(l, "step_states", None),  # set by the block path
-            ops=self.ops,
-        )
+        steps = getattr(l, "step_states", None)  # set by the block path
+        ops = self.ops
+        if ops is not None and not l.training and ops.delta_conv_applies(
+            l, conv_input, state, mask
+        ):
+            out, state = self._from_conv_input(conv_input, a, b, state, steps)
+        else:
+            q, k, v = recurrence_inputs(l, nn.silu(l.conv1d(conv_input)))
+            out, state = gated_delta(
+                q,
+                k,
+                v,
+                a,
+                b,
+                l.A_log,
+                l.dt_bias,
+                state,
+                mask,
+                use_kernel=not l.training,
+                steps=steps,
+                ops=ops,
+            )
         if cache is not None:
             cache[1] = state
             cache.advance(S)
