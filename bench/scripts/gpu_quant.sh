@@ -23,9 +23,9 @@ for what in "$@"; do
       --no-png --out $out/h200-default-pair-zlab
     ;;
   cuda)
-    # With pytest-xdist on the device (its wheels carried: pip install --no-index --no-deps
-    # --target /root/site pytest_xdist-*.whl execnet-*.whl) 8 workers compile the kernels side by
-    # side: 156 s instead of > 400.
+    # With pytest-xdist on the device 8 workers compile the kernels side by side: 156 s instead
+    # of > 400. Here: pip download -d .wheels pytest-xdist execnet (ignored by git, so carry
+    # ".wheels"); there: pip install --no-index --no-deps --target /root/site .wheels/*.whl
     set -o pipefail
     par=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
     timeout "${CUDA_SECONDS:-420}" python3 -m pytest $par -q -rfE -m cuda -p no:cacheprovider tests 2>&1 \
