@@ -456,8 +456,14 @@ class BlockDelta(Wrapper):
         state = cache[1] if cache else None
         steps = getattr(l, "step_states", None)  # set by the block path
         ops = self.ops
-        if ops is not None and not l.training and ops.delta_conv_applies(
-            l, conv_input, state, mask
+        # Verify and draft blocks only: there the host's graph is the cost; a
+        # prefill chunk keeps the separate ops (each warp would redo its
+        # heads' conv for every step of a long chunk).
+        if (
+            ops is not None
+            and not l.training
+            and S <= MAX_STEP_STATES
+            and ops.delta_conv_applies(l, conv_input, state, mask)
         ):
             out, state = self._from_conv_input(conv_input, a, b, state, steps)
         else:
