@@ -317,9 +317,10 @@ FUSED = {
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
 def test_hybrid_layers_fold_norms_and_residuals_exactly(kernel_as_ops, family):
     """A Qwen3.5 block through `HybridBlockLayer` (norm1 in the GatedDeltaNet's
-    projection launch, the residual in out_proj's, norm2 and the residual in
-    a dense MLP's two launches): the same logits and caches as the stock
-    layers, fp32, prefill then a verify-sized block; an MoE MLP stays stock."""
+    projection launch or the gated attention's q/k/v launch, the residual in
+    out_proj's or o_proj's, norm2 and the residual in a dense MLP's two
+    launches): the same logits and caches as the stock layers, fp32, prefill
+    then a verify-sized block; an MoE MLP stays stock."""
     model = tiny_model(family)
     stock, folded = Target(model, block_path=BlockPath.choose(None)), Target(
         model, block_path=kernel_as_ops
@@ -335,10 +336,11 @@ def test_hybrid_layers_fold_norms_and_residuals_exactly(kernel_as_ops, family):
     calls = kernel_as_ops.ops.calls
     gdn_layers = sum(k.mixer == "gated_delta" for k in folded.kinds)
     dense_mlps = 0 if family.endswith("moe") else folded.num_layers
-    # Two forwards: each GatedDeltaNet's norm, each dense MLP's norm; the residuals
-    # of out_proj and down_proj.
-    assert calls["norm"] == 2 * (gdn_layers + dense_mlps)
-    assert calls["residual"] == 2 * (gdn_layers + dense_mlps)
+    # Two forwards: each mixer's input norm (GatedDeltaNet or gated attention)
+    # and each dense MLP's norm; the residuals of out_proj / o_proj and down_proj.
+    folds = folded.num_layers + dense_mlps
+    assert calls["norm"] == 2 * folds
+    assert calls["residual"] == 2 * folds
     # Each GatedDeltaNet's conv, norms, gates and recurrence: one launch.
     assert calls["delta_conv"] == 2 * gdn_layers
 

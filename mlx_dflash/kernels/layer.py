@@ -17,6 +17,7 @@ from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.base import scaled_dot_product_attention
 
 from ..wrapper import Wrapper, class_name
 from . import flash
@@ -33,6 +34,9 @@ MIRRORED_LAYERS = {
 # Decoder layers `h = x + mixer(norm1(x)); out = h + mlp(norm2(h))` whose mixer
 # is a GatedDeltaNet (`is_linear`) or an attention layer (HybridBlockLayer).
 HYBRID_LAYERS = {"mlx_lm.models.qwen3_5.DecoderLayer"}
+# Its attention layers: q (with an output gate), k, v, per-head norms, partial
+# RoPE, `o_proj(attention * sigmoid(gate))` (`gated_attention` mirrors it).
+GATED_ATTENTION = {"mlx_lm.models.qwen3_next.Qwen3NextAttention"}
 
 
 class BlockLayer(Wrapper):
@@ -107,9 +111,16 @@ class HybridBlockLayer(Wrapper):
         super().__init__(inner)
         self.ops = ops
         self.fits = Fits()
+        self.attention_fits = Fits()
         mlp = inner.mlp
         self.mlp_folds = class_name(mlp) in MIRRORED_MLP and fusable(
             mlp.gate_proj, mlp.up_proj, mlp.down_proj
+        )
+        a = None if inner.is_linear else inner.self_attn
+        self.attention_folds = (
+            a is not None
+            and class_name(a) in GATED_ATTENTION
+            and fusable(a.q_proj, a.k_proj, a.v_proj, a.o_proj)
         )
 
     def __call__(self, x: mx.array, mask=None, cache=None):
@@ -120,6 +131,10 @@ class HybridBlockLayer(Wrapper):
         mixer = l["linear_attn"] if l.is_linear else l["self_attn"]
         if isinstance(mixer, BlockDelta) and mixer.folds(x, n1, cache):
             h = mixer(x, mask, cache, norm=n1, residual=x)
+        elif self.attention_folds and self.attention_fits(
+            x, lambda: gated_attention_fits(self.ops, mixer, n1, x)
+        ):
+            h = gated_attention(self.ops, mixer, x, n1, mask, cache)
         else:
             h = x + mixer(n1(x), mask, cache)
         return self.ffn(h, n2)
@@ -142,6 +157,41 @@ class HybridBlockLayer(Wrapper):
                 m = ops.block_swiglu(h, gate, up, norm=(norm["weight"], norm.eps))
                 return ops.block_matmul(m, down, residual=h)
         return h + mlp(norm(h))
+
+
+def gated_attention_fits(ops, a: nn.Module, norm: nn.RMSNorm, x: mx.array) -> bool:
+    """Whether `gated_attention` takes block `x` in its two launches."""
+    wq, wk, wv, wo = [weight_of(stock(a[n])) for n in _PROJ]
+    return (
+        norm["weight"].dtype == x.dtype
+        and ops.applies(x, wq, wk, wv)
+        and ops.applies(block_of(x, wo), wo)
+    )
+
+
+def gated_attention(ops, a: nn.Module, x: mx.array, norm: nn.RMSNorm, mask, cache):
+    """`x + a(norm(x))` for a `GATED_ATTENTION` layer `a`: norm + q/k/v in one
+    launch, o_proj + the residual in another; between them the stock layer's
+    own ops (Qwen3NextAttention.__call__ of the pinned mlx_lm minor)."""
+    B, L, _ = x.shape
+    wq, wk, wv, wo = [weight_of(stock(a[n])) for n in _PROJ]
+    q, keys, values = ops.block_matmuls(x, [wq, wk, wv], norm=(norm["weight"], norm.eps))
+    queries, gate = mx.split(q.reshape(B, L, a.num_attention_heads, -1), 2, axis=-1)
+    gate = gate.reshape(B, L, -1)
+    queries = a.q_norm(queries).transpose(0, 2, 1, 3)
+    keys = a.k_norm(keys.reshape(B, L, a.num_key_value_heads, -1)).transpose(0, 2, 1, 3)
+    values = values.reshape(B, L, a.num_key_value_heads, -1).transpose(0, 2, 1, 3)
+    if cache is not None:
+        queries = a.rope(queries, offset=cache.offset)
+        keys = a.rope(keys, offset=cache.offset)
+        keys, values = cache.update_and_fetch(keys, values)
+    else:
+        queries, keys = a.rope(queries), a.rope(keys)
+    out = scaled_dot_product_attention(
+        queries, keys, values, cache=cache, scale=a.scale, mask=mask
+    )
+    out = out.transpose(0, 2, 1, 3).reshape(B, L, -1)
+    return ops.block_matmul(out * mx.sigmoid(gate), wo, residual=x)
 
 
 def wrap_hybrid(layer, ops) -> Optional[HybridBlockLayer]:

@@ -243,7 +243,9 @@ class Fitting:
 def _launched(wrapped) -> List[nn.Module]:
     """The Linear layers whose products a wrapped layer launches itself."""
     if isinstance(wrapped, HybridBlockLayer):
-        return plain_linears(wrapped.inner["mlp"]) if wrapped.mlp_folds else []
+        l = wrapped.inner
+        own = plain_linears(l["mlp"]) if wrapped.mlp_folds else []
+        return own + (plain_linears(l["self_attn"]) if wrapped.attention_folds else [])
     return plain_linears(wrapped.inner)
 
 
