@@ -149,7 +149,7 @@ _CONV_SOURCE = """
   const int k0 = lane * PER;
   // A value as the stock op leaves it: rounded to the input type.
   auto rnd = [](float f) { return static_cast<float>(static_cast<InT>(f)); };
-  const InT* x = conv_in + (size_t)(n / Hv) * (T + K - 1) * C;
+  const InT* x = conv_in + (size_t)b * (T + K - 1) * C;
   // silu(conv(x))[t, c] of the depthwise causal conv (MLX's: no flip).
   auto conv_silu = [&](int t, int c) {
     float acc = 0.0f;
@@ -227,8 +227,7 @@ def _cuda_conv_kernel(step_states: bool):
 def conv_applies(layer: GatedDeltaNet, conv_in: mx.array, state, mask) -> bool:
     """Whether `gated_delta_conv_cuda` takes this layer's call (MLX CUDA's GPU
     assumed): the stock conv (no bias) and heads the recurrence kernel takes."""
-    conv = layer.conv1d
-    conv = conv["inner"] if isinstance(conv, Wrapper) else conv
+    conv = innermost(layer.conv1d)
     return (
         mx.default_device() == mx.gpu
         and mask is None
@@ -251,8 +250,7 @@ def gated_delta_conv_cuda(
     T = a.shape[1]
     Hk, Dk = layer.num_k_heads, layer.head_k_dim
     Hv, Dv = layer.num_v_heads, layer.head_v_dim
-    conv = layer.conv1d
-    conv = conv["inner"] if isinstance(conv, Wrapper) else conv
+    conv = innermost(layer.conv1d)
     shapes = [(B, T, Hv, Dv), state.shape] + ([(T, *state.shape)] if step_states else [])
     return _cuda_conv_kernel(step_states)(
         inputs=[conv_in, conv["weight"], a, b, layer.A_log, layer.dt_bias, state],
@@ -315,16 +313,24 @@ def gated_delta(
         B, _, _, Dk = q.shape
         state = mx.zeros((B, *v.shape[-2:], Dk), dtype=mx.float32)
     if use_kernel and ops is not None and ops.delta_applies(q, v, state, mask):
-        keep = steps is not None and 1 < q.shape[1] <= MAX_STEP_STATES
-        out = ops.gated_delta(
-            q, k, v, compute_g(A_log, a, dt_bias), mx.sigmoid(b), state, keep
+        g, beta = compute_g(A_log, a, dt_bias), mx.sigmoid(b)
+        return kept_steps(
+            steps, q.shape[1], lambda keep: ops.gated_delta(q, k, v, g, beta, state, keep)
         )
-        if keep:
-            steps.states = out[2]
-        return out[0], out[1]
     return gated_delta_update(
         q, k, v, a, b, A_log, dt_bias, state, mask, use_kernel=use_kernel
     )
+
+
+def kept_steps(steps: Optional[StepStates], T: int, launch):
+    """(y, state) of `launch(keep)`, a kernel run of T steps; for a verify
+    block (2 .. MAX_STEP_STATES steps, with `steps`) it also returns the state
+    after each step, which go to `steps.states` for rollback."""
+    keep = steps is not None and 1 < T <= MAX_STEP_STATES
+    out = launch(keep)
+    if keep:
+        steps.states = out[2]
+    return out[0], out[1]
 
 
 def recurrence_inputs(layer: GatedDeltaNet, conv_out: mx.array):
@@ -398,11 +404,11 @@ class BlockDelta(Wrapper):
             state = mx.zeros((B, l.num_v_heads, l.head_v_dim, l.head_k_dim), mx.float32)
         if steps is not None:
             steps.states = None
-        keep = steps is not None and 1 < a.shape[1] <= MAX_STEP_STATES
-        out = self.ops.gated_delta_conv(l, conv_input, a, b, state, keep)
-        if keep:
-            steps.states = out[2]
-        return out[0], out[1]
+        return kept_steps(
+            steps,
+            a.shape[1],
+            lambda keep: self.ops.gated_delta_conv(l, conv_input, a, b, state, keep),
+        )
 
     def folds(self, x: mx.array, norm: nn.RMSNorm, cache: Any) -> bool:
         """Whether a call with `norm=norm, residual=x` takes block `x` (the

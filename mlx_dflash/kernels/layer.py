@@ -103,14 +103,15 @@ class HybridBlockLayer(Wrapper):
     launches instead of being graph nodes of their own (a hybrid 9B verify is
     host-bound: bench/results/h200-probe-verify-profile-qwen3_5-9b.txt). A
     GatedDeltaNet mixer (gdn.py's `BlockDelta`) takes norm1 into its input
-    projections' launch and the residual into out_proj's; a mirrored MLP is
-    norm2 + gate/up/SwiGLU and down_proj + the residual (two launches).
+    projections' launch and the residual into out_proj's, a gated attention
+    mixer (`gated_attention`) into its q/k/v and o_proj launches; a mirrored
+    MLP is norm2 + gate/up/SwiGLU and down_proj + the residual (two launches).
     Whatever does not fold runs as the stock layer writes it."""
 
     def __init__(self, inner: nn.Module, ops):
         super().__init__(inner)
         self.ops = ops
-        self.fits = Fits()
+        self.mlp_fits = Fits()
         self.attention_fits = Fits()
         mlp = inner.mlp
         self.mlp_folds = class_name(mlp) in MIRRORED_MLP and fusable(
@@ -153,7 +154,7 @@ class HybridBlockLayer(Wrapper):
                     and ops.applies(block_of(h, down), down)
                 )
 
-            if self.fits(h, check):
+            if self.mlp_fits(h, check):
                 m = ops.block_swiglu(h, gate, up, norm=(norm["weight"], norm.eps))
                 return ops.block_matmul(m, down, residual=h)
         return h + mlp(norm(h))
