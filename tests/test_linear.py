@@ -21,7 +21,7 @@ from mlx_dflash.kernels.gdn import recurrence_inputs
 from mlx_dflash.kernels.layer import BlockLayer
 from mlx_dflash.kernels.linear import BlockLinear, plain_linears
 from mlx_dflash.kernels.matmul import (
-    MAX_ROWS,
+    Fits,
     Packed,
     applies,
     block_matmul,
@@ -127,6 +127,18 @@ def test_applies_only_to_tiled_blocks():
     )
 
 
+def test_fits_checks_each_kind_of_input_once():
+    """A wrapper's launch check runs once per kind of block (rows, width,
+    dtype, device) and its answer is kept: one entry however many calls."""
+    fits, checks = Fits(), []
+    for _ in range(3):
+        for rows in (16, 32):
+            assert fits(mx.zeros((1, rows, 64)), lambda: checks.append(rows) or True)
+    assert checks == [16, 32] and len(fits._kept) == 2
+    assert not fits(mx.zeros((1, 1, 64)), lambda: True)  # one row: never kept
+    assert len(fits._kept) == 2
+
+
 def test_instances_are_stock_outside_forward():
     model = tiny_model("qwen3")
     x = mx.array([[1, 2, 3, 4]])
@@ -198,7 +210,7 @@ class OpsKernels(CudaKernels):
 
     def applies(self, x, *ws):
         rows = x.size // x.shape[-1]
-        return 1 < rows <= MAX_ROWS and all(
+        return rows_fit(rows, *ws) and all(
             w.dtype == x.dtype and w.shape[1] == x.shape[-1] for w in ws
         )
 
@@ -375,6 +387,36 @@ def test_greedy_through_block_wrappers_equals_stock(kernel_as_ops, family, kind)
     assert all(type(l) is nn.Linear for l in plain_linears(model))
     assert not any(isinstance(l, BlockLayer) for l in model.model.layers)
     assert not any(isinstance(m, BlockLinear) for _, m in model.named_modules())
+
+
+def test_wide_blocks_of_large_weights_take_the_stock_mlp(kernel_as_ops, monkeypatch):
+    """Above two row tiles a dense launch of more than `STOCK_ELEMENTS` weight
+    elements takes stock's matmul (cuBLAS streams those faster on the H200):
+    39- and 48-row blocks keep their q/k/v and o launches, runs the MLP as the stock
+    layer does, and gives the stock forward's logits and cache exactly."""
+    from mlx_dflash.kernels import matmul
+
+    model = tiny_model("qwen3")
+    a = model.model.layers[0].self_attn
+    qkv = sum(math.prod(a[n].weight.shape) for n in ("q_proj", "k_proj", "v_proj"))
+    mlp = model.model.layers[0].mlp
+    assert 2 * math.prod(mlp.gate_proj.weight.shape) > qkv  # the MLP is "large"
+    monkeypatch.setattr(matmul, "STOCK_ELEMENTS", qkv)
+    prompt, wide = mx.array([list(range(1, 40))]), mx.array([list(range(5, 53))])
+    out = []
+    for path in (kernel_as_ops, BlockPath.choose(None)):
+        target = Target(model, block_path=path)
+        cache = [BucketKVCache() for _ in range(target.num_layers)]
+        target.forward(prompt, cache)
+        out.append((target.forward(wide, cache)[0], cache))
+    calls = kernel_as_ops.ops.calls
+    layers = len(model.model.layers)
+    # Both blocks (39 and 48 rows) are wide: q/k/v and o launches, no SwiGLU.
+    assert calls["qkv"] == calls["residual"] == 2 * layers and calls["swiglu"] == 0
+    (l1, c1), (l2, c2) = out
+    assert mx.array_equal(l1, l2).item()
+    for x, y in zip(c1, c2):
+        assert x.offset == y.offset and mx.array_equal(x.keys, y.keys).item()
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])

@@ -55,7 +55,8 @@ def main():
 
     mx.fast.cuda_kernel = stub_kernel
     real_default = mx.default_device
-    mx.default_device = lambda: mx.gpu  # the wrappers' "on MLX CUDA?" checks
+    # A new Device each call, as MLX returns them: the wrappers key their memos on it
+    mx.default_device = lambda: mx.Device(mx.gpu)  # their "on MLX CUDA?" checks
     from mlx_lm.utils import _get_classes
 
     from mlx_dflash.bench.shapes import PRESETS, _text

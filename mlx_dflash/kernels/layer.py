@@ -48,12 +48,13 @@ class BlockLayer(Wrapper):
         self.ops = ops
         # flash.py's attention (its Params), or None
         self.kernel = flash.params(inner.self_attn) if kernel else None
-        self.fits = Fits()
+        self.fits, self.mlp_fits = Fits(), Fits()
 
     def __call__(self, x: mx.array, mask=None, cache=None):
         l, ops = self.inner, self.ops
         if not (is_block(x, cache) and self.fits(x, lambda: fits(ops, l, x))):
             return l(x, mask, cache)
+        mlp = self.mlp_fits(x, lambda: mlp_fits(ops, l, x))
 
         def attention(q, k, v):
             p = self.kernel
@@ -61,7 +62,7 @@ class BlockLayer(Wrapper):
                 return ops.attend(p, q, k, v, cache, qk_norms(l))
             return attend(l["self_attn"], q, k, v, mask, cache, self.from_keys)
 
-        return fused(ops, l, x, attention)
+        return fused(ops, l, x, attention, mlp)
 
 
 class DraftBlockLayer(Wrapper):
@@ -76,13 +77,14 @@ class DraftBlockLayer(Wrapper):
         super().__init__(inner)
         self.ops = ops
         self.params = flash.params(inner.self_attn)  # None: the ops path only
-        self.fits = Fits()
+        self.fits, self.mlp_fits = Fits(), Fits()
 
     def __call__(self, x: mx.array, cache) -> mx.array:
         l, ops, p = self.inner, self.ops, self.params
         a = l["self_attn"]
         if not self.fits(x, lambda: fusable(*linears(l)) and fits(ops, l, x)):
             return l(x, cache)
+        mlp = self.mlp_fits(x, lambda: mlp_fits(ops, l, x))
         if a.window is None and p is not None and ops.attention_applies(p, x, cache):
             norms = qk_norms(l)
 
@@ -94,7 +96,7 @@ class DraftBlockLayer(Wrapper):
             def attention(q, k, v):
                 return a.attend(q, k, v, cache)
 
-        return fused(ops, l, x, attention)
+        return fused(ops, l, x, attention, mlp)
 
 
 class HybridBlockLayer(Wrapper):
@@ -235,21 +237,36 @@ def qk_norms(l: nn.Module):
 def fits(ops, l: nn.Module, x: mx.array) -> bool:
     """Whether decoder layer `l` (self_attn with q/k/v/o_proj, mlp with
     gate/up/down_proj, input and post-attention RMSNorms) takes block `x` in
-    `fused`'s four launches of the backend `ops`."""
-    (q, k, v, o, gate, up, down), n1, n2 = _parts(l)
+    `fused`'s launches of the backend `ops`: its attention half's two
+    (`mlp_fits` says whether the MLP's two run too)."""
+    (q, k, v, o, *_), n1, n2 = _parts(l)
     return (
-        ops.applies(x, q, k, v, gate, up)
-        and ops.tiled(x.dtype, o, down)
+        ops.applies(x, q, k, v)
+        and ops.applies(block_of(x, o), o)
         and n1["weight"].dtype == n2["weight"].dtype == x.dtype
     )
 
 
-def fused(ops, l: nn.Module, x: mx.array, attention) -> mx.array:
+def mlp_fits(ops, l: nn.Module, h: mx.array) -> bool:
+    """Whether `l`'s MLP takes block `h` in two launches (a wide block of large
+    weights takes stock's matmul instead: matmul.py's `rows_fit`)."""
+    (*_, gate, up, down), _, _ = _parts(l)
+    return (
+        gate.shape == up.shape
+        and ops.applies(h, gate, up)
+        and ops.applies(block_of(h, down), down)
+    )
+
+
+def fused(ops, l: nn.Module, x: mx.array, attention, mlp: bool = True) -> mx.array:
     """`l`'s forward of block `x` in four launches around `attention(q, k, v)`,
-    which returns o_proj's input."""
+    which returns o_proj's input; with `mlp` False, the MLP as the stock
+    layer writes it."""
     (q, k, v, o, gate, up, down), n1, n2 = _parts(l)
     q, k, v = ops.block_matmuls(x, [q, k, v], norm=(n1["weight"], n1.eps))
     h = ops.block_matmul(attention(q, k, v), o, residual=x)
+    if not mlp:
+        return h + l["mlp"](n2(h))
     m = ops.block_swiglu(h, gate, up, norm=(n2["weight"], n2.eps))
     return ops.block_matmul(m, down, residual=h)
 

@@ -390,15 +390,24 @@ def _kernel(
     return _kernels[key]
 
 
-def tiling(rows: int, k: int, packed: bool = False):
-    """(output columns, warps) per thread block: 16 columns and, for one tile
-    of rows, 16 warps splitting K, which put the most loads in flight per
-    multiprocessor in the H200 sweep (speed.md section 12). More row tiles,
-    and packed weights (their dequantization), take 8 warps: they need more
-    registers than each of 512 threads may hold ("too many resources
-    requested for launch")."""
-    wide = rows <= 16 and k % (16 * K_CHUNK) == 0 and not packed
-    return COLS, 16 if wide else WARPS
+def tiling(rows: int, k: int, packed: bool = False, ns=()):
+    """(output columns, warps) per thread block for `rows` rows, input width
+    `k` and outputs `ns`: for one tile of rows 16 columns and 16 warps
+    splitting K, which put the most loads in flight per multiprocessor in the
+    H200 sweep (speed.md section 12); for two row tiles 32 columns and 4 warps,
+    for more 32 and 8, which reuse each block's rows over twice the columns
+    (H200, Qwen3-8B shapes, 32 rows: a layer's launches 226 -> 192 us; 64
+    rows: q/k/v 77 -> 51, o 41 -> 29 us; bench/results/h200-probe-linear-rows-bits.jsonl).
+    Packed weights (their dequantization) take 16 columns and 8 warps: they
+    need more registers than each of 512 threads may hold ("too many
+    resources requested for launch"), and no other tiling was swept for them."""
+    if packed:
+        return COLS, WARPS
+    if rows <= 16:
+        return COLS, 16 if k % (16 * K_CHUNK) == 0 else WARPS
+    if any(n % (2 * COLS) for n in ns):
+        return COLS, WARPS
+    return 2 * COLS, 4 if rows <= WIDE_ROWS else WARPS
 
 
 def _kind(w: Weight):
@@ -431,11 +440,25 @@ def tiled(dtype, *weights: Weight) -> bool:
 PACKED_MAX_ROWS = {128: 32}
 
 
+# Above two row tiles the kernel's mma work per weight load holds it to
+# ~1.0-1.3 TB/s on the H200, where cuBLAS streams large weights at 2.6-3.2
+# TB/s (64 rows, Qwen3-8B shapes: gate/up 157 vs 70 us, down 94 vs 39,
+# lm_head 956 vs 386) but small ones slower than the kernel with its norm or
+# residual folded (q/k/v 51 vs 84 us, o 29 vs 34):
+# bench/results/h200-probe-linear-rows-bits.jsonl. Dense launches of more
+# weight elements than this take stock's matmul above WIDE_ROWS rows.
+WIDE_ROWS = 32
+STOCK_ELEMENTS = 1 << 25
+
+
 def rows_fit(rows: int, *weights: Weight) -> bool:
     """Whether a launch takes `rows` rows with these weights."""
     packed = [w for w in weights if isinstance(w, Packed)]
     limit = min([MAX_ROWS] + [PACKED_MAX_ROWS.get(w.group_size, MAX_ROWS) for w in packed])
-    return 1 < rows <= limit
+    if not 1 < rows <= limit:
+        return False
+    wide = rows > WIDE_ROWS and not packed
+    return not (wide and sum(math.prod(w.shape) for w in weights) > STOCK_ELEMENTS)
 
 
 def applies(x: mx.array, *weights: Weight) -> bool:
@@ -476,7 +499,10 @@ class Fits:
         rows = x.size // k if k else 0
         if not 1 < rows <= MAX_ROWS:
             return False
-        key = (rows, k, x.dtype, mx.default_device())
+        # The device's type: `mx.Device` objects hash by identity, and each
+        # `default_device()` call makes a new one (the memo never hit and grew
+        # by every launch of every verify).
+        key = (rows, k, x.dtype, mx.default_device().type)
         fit = self._kept.get(key)
         if fit is None:
             fit = self._kept[key] = bool(check())
@@ -503,7 +529,7 @@ def _plan(shape, dtype, ns, kind, bias, swiglu, eps, residual, cols, warps) -> _
     # Leading dims are the kernel's rows: no reshape nodes in or out.
     k, lead = shape[-1], shape[:-1]
     m = math.prod(lead)
-    auto_cols, auto_warps = tiling(m, k, kind is not None)
+    auto_cols, auto_warps = tiling(m, k, kind is not None, ns)
     cols, warps = cols or auto_cols, warps or auto_warps
     blocks = [n // cols for n in ns]
     template = [
