@@ -21,6 +21,7 @@ import json
 import time
 
 import mlx.core as mx
+from mlx.nn import silu as nn_silu
 
 from mlx_dflash.kernels import matmul as linear
 
@@ -126,6 +127,9 @@ def main():
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--tilings", default="auto,16x16,32x8")
     p.add_argument("--reps", type=int, default=20, help="0: one launch each, for ncu")
+    p.add_argument("--rows", type=int, default=16)
+    p.add_argument("--bits", type=int, choices=(4, 8), help="packed weights (group 64)")
+    p.add_argument("--stock", action="store_true", help="also time the stock ops")
     a = p.parse_args()
     h, f, v, kvh = 4096, 12288, 151936, 1024
     bf = mx.bfloat16
@@ -145,7 +149,11 @@ def main():
         for _ in range(8)
     ]
     head = rnd(v, h)
-    x, hid = rnd(1, 16, h), rnd(1, 16, f)
+    x, hid = rnd(1, a.rows, h), rnd(1, a.rows, f)
+    if a.bits:
+        pack = lambda w: linear.Packed(*mx.quantize(w, 64, a.bits), 64, a.bits)
+        sets = [{k: pack(w) if w.ndim == 2 else w for k, w in s.items()} for s in sets]
+        head = pack(head)
     mx.eval(sets, head, x, hid)
     L = linear._launch
     cases = {  # name: (bytes of weights, one call for weight set s, cols, warps)
@@ -168,6 +176,25 @@ def main():
         ),
         "lm_head": (2 * h * v, lambda s, c, w: L(x, [head], cols=c, warps=w)),
     }
+    if a.bits:  # bytes read: the packed words, scales and biases
+        per = a.bits / 16 + 2 * 2 / 64 / 2
+        cases = {n: (int(b * per), call) for n, (b, call) in cases.items()}
+
+    def mm(y, w):
+        if isinstance(w, linear.Packed):
+            return mx.quantized_matmul(y, w.weight, w.scales, w.biases, True, 64, w.bits)
+        return y @ w.T
+
+    norm = lambda y, n: mx.fast.rms_norm(y, n, 1e-6)
+    stock = {  # the same products as stock ops
+        "qkv": lambda s: [mm(norm(x, s["n1"]), s[k]) for k in "qkv"],
+        "o": lambda s: [x + mm(x, s["o"])],
+        "gate_up": lambda s: [
+            nn_silu(mm(norm(x, s["n2"]), s["g"])) * mm(norm(x, s["n2"]), s["u"])
+        ],
+        "down": lambda s: [x + mm(hid, s["d"])],
+        "lm_head": lambda s: [mm(x, head)],
+    }
     ref = {}
     use_variant("base")
     for name, (_, call) in cases.items():
@@ -177,7 +204,7 @@ def main():
     if a.reps == 0:
         # One launch each, in this order, for a profiler (ncu) to time.
         order = []
-        mx.eval(x1 @ sets[1]["g"].T, hid[:, :1] @ sets[1]["d"].T)
+        mx.eval(mm(x1, sets[1]["g"]), mm(hid[:, :1], sets[1]["d"]))
         order += ["gemv_1row gate", "gemv_1row down"]
         for var in a.variants.split(","):
             use_variant(var)
@@ -192,22 +219,34 @@ def main():
         mx.fast.cuda_kernel = _original
         return
     # MLX's gemv on one row, for the ceiling.
-    t = timed(lambda: [x1 @ sets[i % 8]["g"].T for i in range(a.calls)])
-    print(json.dumps({"gemv_1row_gate_GBps": round(2 * h * f * a.calls / t / 1e9)}))
+    t = timed(lambda: [mm(x1, sets[i % 8]["g"]) for i in range(a.calls)])
+    gate_bytes = cases["down"][0]  # one h x f matrix, as stored
+    print(json.dumps({"gemv_1row_gate_GBps": round(gate_bytes * a.calls / t / 1e9)}))
+    if a.stock:
+        row = {"variant": "stock ops", "rows": a.rows, "bits": a.bits}
+        for name, (nbytes, _) in cases.items():
+            calls = 4 if name == "lm_head" else a.calls
+            t = timed(lambda: [stock[name](sets[i % 8]) for i in range(calls)], a.reps)
+            row[name] = {"us": round(t / calls * 1e6, 1), "GBps": round(nbytes * calls / t / 1e9)}
+        print(json.dumps(row), flush=True)
     for var in a.variants.split(","):
         use_variant(var)
         for tiling in a.tilings.split(","):
             cols, warps = parse(tiling)
-            row = {"variant": var, "cols": cols, "warps": warps}
+            row = {"variant": var, "cols": cols, "warps": warps, "rows": a.rows, "bits": a.bits}
             total_b = total_t = 0.0
             for name, (nbytes, call) in cases.items():
                 if not fits(name, cols, warps, h, f):
                     continue
                 calls = 4 if name == "lm_head" else a.calls
-                t = timed(
-                    lambda: [call(sets[i % 8], cols, warps) for i in range(calls)],
-                    a.reps,
-                )
+                try:
+                    t = timed(
+                        lambda: [call(sets[i % 8], cols, warps) for i in range(calls)],
+                        a.reps,
+                    )
+                except Exception as e:  # e.g. too many resources requested
+                    row[name] = {"error": str(e)[:80]}
+                    continue
                 diff = max(
                     mx.abs(o.astype(mx.float32) - r.astype(mx.float32)).max().item()
                     for o, r in zip(call(sets[0], cols, warps), ref[name])
