@@ -2,7 +2,7 @@
 on any machine (issue #25: the 9B verify is host-bound,
 bench/results/h200-probe-verify-profile-qwen3_5-9b.txt).
 
-    python bench/probes/probe_build_host.py qwen3.5-9b --layers 8 [--quantize 4]
+    python bench/probes/probe_build_host.py qwen3.5-9b --layers 8 [--quantize 4] [--batch 4]
 Builds a real shape with fewer layers (and a small vocabulary), and runs
 `Target.forward` of a 16-row block through CUDA's wrappers and launch code
 (kernels/cuda.py, matmul.py, gdn.py ...) with every `mx.fast.cuda_kernel`
@@ -14,6 +14,7 @@ functions (cProfile) if --profile.
 """
 
 import argparse
+import copy
 import cProfile
 import gc
 import io
@@ -24,6 +25,20 @@ import time
 
 import mlx.core as mx
 import mlx.nn as nn
+
+
+def ragged(target, rows: int):
+    """A batch's cache layers (batch.py's `RaggedCache`) of `rows` rows with
+    65 + b tokens of context each (prefilled by the stock path: > 64 rows)."""
+    from mlx_dflash.ragged import RaggedCache
+
+    batch = RaggedCache()
+    for b in range(rows):
+        solo = target.make_cache()
+        target.forward(mx.zeros((1, 65 + b), mx.uint32), solo)
+        mx.eval([c.state for c in solo])
+        batch.add(solo)
+    return batch.layers
 
 
 def stub_kernel(**kernel):
@@ -51,6 +66,10 @@ def main():
     p.add_argument("--quantize", type=int, default=None)
     p.add_argument("--vocab", type=int, default=4096, help="a small head: its size is not the point")
     p.add_argument("--profile", action="store_true")
+    p.add_argument(
+        "--batch", type=int, default=0,
+        help="B > 0: a batched verify (batch.py's) of B rows x --rows over a ragged cache",
+    )
     a = p.parse_args()
 
     mx.fast.cuda_kernel = stub_kernel
@@ -78,11 +97,12 @@ def main():
         nn.quantize(model, group_size=64, bits=a.quantize)
     mx.eval(model.parameters())  # so the graph counted is the forward's alone
     target = Target(model, block_path=BlockPath.choose(CudaKernels()), flush_every=0)
-    tokens = mx.zeros((1, a.rows), mx.uint32)
+    tokens = mx.zeros((max(a.batch, 1), a.rows), mx.uint32)
+    batched = ragged(target, a.batch) if a.batch else None
     times, prof = [], cProfile.Profile() if a.profile else None
     gc.disable()  # a collection inside one build is noise, not its cost
     for r in range(a.reps + 3):
-        cache = target.make_cache()
+        cache = copy.deepcopy(batched) if batched else target.make_cache()
         t0 = time.perf_counter()
         if prof and r >= 3:
             prof.enable()
@@ -99,7 +119,7 @@ def main():
     print(json.dumps(dict(
         shape=a.shape, layers=a.layers,
         of=_text(PRESETS[a.shape][0])["num_hidden_layers"],
-        bits=a.quantize or 16, rows=a.rows, build_ms=round(ms, 3),
+        bits=a.quantize or 16, rows=a.rows, batch=a.batch, build_ms=round(ms, 3),
         min_ms=round(min(times), 3),
         per_layer_ms=round(ms / a.layers, 4), nodes=count,
     )), flush=True)
