@@ -71,6 +71,9 @@ VARIANTS = {
     "base": [],
     "u1": [unroll(1)],
     "u2": [unroll(2)],
+    # More weight loads in flight per warp: what the packed launches lack
+    # (8 bytes a lane a step against dense's 32; h200-ncu-batch-cycle-qwen3-8b.txt).
+    "u8": [unroll(8)],
     "nc256": [weights_via("ldw")],
     "coal": [coalesced],
     "coal_nc": [coalesced, weights_via("ldn", 4)],
@@ -124,7 +127,7 @@ def timed(fn, reps=20):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--calls", type=int, default=72)
-    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--variants", default="base,u1,u2,nc256,coal,coal_nc,coal_nc256")
     p.add_argument("--tilings", default="auto,16x16,32x8")
     p.add_argument("--reps", type=int, default=20, help="0: one launch each, for ncu")
     p.add_argument("--rows", type=int, default=16)
