@@ -242,8 +242,10 @@ class StackedContext:
         cap = max(c.keys.shape[2] for c in caches)
 
         def stack(bufs):
-            pads = [[(0, 0), (0, 0), (0, cap - b.shape[2]), (0, 0)] for b in bufs]
-            return mx.concatenate([mx.pad(b, p) for b, p in zip(bufs, pads)])
+            # Bucketed buffers mostly share their length: pad only the others
+            # (a pad is a copy; a 4-row draft made ~40 of them a cycle).
+            pad = lambda b: mx.pad(b, [(0, 0), (0, 0), (0, cap - b.shape[2]), (0, 0)])
+            return mx.concatenate([b if b.shape[2] == cap else pad(b) for b in bufs])
 
         self.keys = stack([c.keys for c in caches])
         self.values = stack([c.values for c in caches])
