@@ -237,7 +237,16 @@ class StackedContext:
     hidden from its real ones, so each row's logits are its solo block's.
     """
 
-    def __init__(self, caches: Sequence[BucketKVCache], sizes: Sequence[int]):
+    def __init__(
+        self,
+        caches: Sequence[BucketKVCache],
+        sizes: Sequence[int],
+        shared: Optional[dict] = None,
+    ):
+        """`shared`: one dict for the layers of one forward, whose contexts
+        have the same lengths (a draft's layers hold the same context): they
+        share its offsets, sizes and masks instead of building each (a 4-row
+        draft of 5 layers built the same mask five times a cycle)."""
         assert all(c.keys is not None for c in caches), "a drafter without context"
         cap = max(c.keys.shape[2] for c in caches)
 
@@ -249,20 +258,27 @@ class StackedContext:
 
         self.keys = stack([c.keys for c in caches])
         self.values = stack([c.values for c in caches])
-        self.offset = mx.array([c.offset for c in caches], mx.int32)
-        self.sizes = mx.array(list(sizes), mx.int32)
+        self.shared = {} if shared is None else shared
+        if "offset" not in self.shared:
+            self.shared["offset"] = mx.array([c.offset for c in caches], mx.int32)
+            self.shared["sizes"] = mx.array(list(sizes), mx.int32)
+        self.offset, self.sizes = self.shared["offset"], self.shared["sizes"]
 
     def block_mask(self, L: int, *, causal: bool, window: Optional[int]) -> mx.array:
         """(B, 1, L, cap + L) bool: row b's queries see its context and its
         own block's first sizes[b] positions (then causal / windowed)."""
         cap = self.keys.shape[2]
-        start = self.offset[:, None, None]
-        qpos = start + mx.arange(L)[:, None]
-        j = mx.arange(cap + L)
-        kpos = mx.where(j < cap, j, start + j - cap)
-        used = mx.where(j < cap, j < start, j - cap < self.sizes[:, None, None])
-        visible = mx.broadcast_to(used, (used.shape[0], L, cap + L))
-        return restrict(visible, qpos, kpos, causal=causal, window=window)[:, None]
+        key = ("mask", L, cap, causal, window)
+        if key not in self.shared:
+            start = self.offset[:, None, None]
+            qpos = start + mx.arange(L)[:, None]
+            j = mx.arange(cap + L)
+            kpos = mx.where(j < cap, j, start + j - cap)
+            used = mx.where(j < cap, j < start, j - cap < self.sizes[:, None, None])
+            visible = mx.broadcast_to(used, (used.shape[0], L, cap + L))
+            mask = restrict(visible, qpos, kpos, causal=causal, window=window)
+            self.shared[key] = mask[:, None]
+        return self.shared[key]
 
 
 def restrict(visible, qpos, kpos, *, causal: bool, window: Optional[int]):

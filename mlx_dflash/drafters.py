@@ -136,8 +136,9 @@ def prefetch(
             [[anchors[b]] + [first.mask_token_id] * (width - 1) for b, _, _ in rows]
         )
         sizes = [1 + n for _, _, n in rows]
+        shared = {}  # every layer's context has the same lengths
         caches = [
-            StackedContext([d.cache[i] for _, d, _ in rows], sizes)
+            StackedContext([d.cache[i] for _, d, _ in rows], sizes, shared)
             for i in range(len(first.cache))
         ]
         with first.fitting:
