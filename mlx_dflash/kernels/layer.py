@@ -54,7 +54,7 @@ class BlockLayer(Wrapper):
         l, ops = self.inner, self.ops
         if not (is_block(x, cache) and self.fits(x, lambda: fits(ops, l, x))):
             return l(x, mask, cache)
-        mlp = self.mlp_fits(x, lambda: mlp_fits(ops, l, x))
+        mlp = self.mlp_fits(x, lambda: mlp_fits(ops, l["mlp"], x))
 
         def attention(q, k, v):
             p = self.kernel
@@ -84,7 +84,7 @@ class DraftBlockLayer(Wrapper):
         a = l["self_attn"]
         if not self.fits(x, lambda: fusable(*linears(l)) and fits(ops, l, x)):
             return l(x, cache)
-        mlp = self.mlp_fits(x, lambda: mlp_fits(ops, l, x))
+        mlp = self.mlp_fits(x, lambda: mlp_fits(ops, l["mlp"], x))
         if a.window is None and p is not None and ops.attention_applies(p, x, cache):
             norms = qk_norms(l)
 
@@ -145,31 +145,18 @@ class HybridBlockLayer(Wrapper):
     def ffn(self, h: mx.array, norm: nn.RMSNorm) -> mx.array:
         """`h + mlp(norm(h))`, in two launches where they take h."""
         mlp, ops = self.inner["mlp"], self.ops
-        if self.mlp_folds:
+        if self.mlp_folds and self.mlp_fits(
+            h, lambda: norm["weight"].dtype == h.dtype and mlp_fits(ops, mlp, h)
+        ):
             gate, up, down = [weight_of(stock(mlp[n])) for n in _MLP]
-
-            def check():
-                return (
-                    norm["weight"].dtype == h.dtype
-                    and gate.shape == up.shape
-                    and ops.applies(h, gate, up)
-                    and ops.applies(block_of(h, down), down)
-                )
-
-            if self.mlp_fits(h, check):
-                m = ops.block_swiglu(h, gate, up, norm=(norm["weight"], norm.eps))
-                return ops.block_matmul(m, down, residual=h)
+            m = ops.block_swiglu(h, gate, up, norm=(norm["weight"], norm.eps))
+            return ops.block_matmul(m, down, residual=h)
         return h + mlp(norm(h))
 
 
 def gated_attention_fits(ops, a: nn.Module, norm: nn.RMSNorm, x: mx.array) -> bool:
     """Whether `gated_attention` takes block `x` in its two launches."""
-    wq, wk, wv, wo = [weight_of(stock(a[n])) for n in _PROJ]
-    return (
-        norm["weight"].dtype == x.dtype
-        and ops.applies(x, wq, wk, wv)
-        and ops.applies(block_of(x, wo), wo)
-    )
+    return norm["weight"].dtype == x.dtype and attention_fits(ops, a, x)
 
 
 def gated_attention(ops, a: nn.Module, x: mx.array, norm: nn.RMSNorm, mask, cache):
@@ -239,18 +226,25 @@ def fits(ops, l: nn.Module, x: mx.array) -> bool:
     gate/up/down_proj, input and post-attention RMSNorms) takes block `x` in
     `fused`'s launches of the backend `ops`: its attention half's two
     (`mlp_fits` says whether the MLP's two run too)."""
-    (q, k, v, o, *_), n1, n2 = _parts(l)
+    n1, n2 = l["input_layernorm"], l["post_attention_layernorm"]
     return (
-        ops.applies(x, q, k, v)
-        and ops.applies(block_of(x, o), o)
-        and n1["weight"].dtype == n2["weight"].dtype == x.dtype
+        n1["weight"].dtype == n2["weight"].dtype == x.dtype
+        and attention_fits(ops, l["self_attn"], x)
     )
 
 
-def mlp_fits(ops, l: nn.Module, h: mx.array) -> bool:
-    """Whether `l`'s MLP takes block `h` in two launches (a wide block of large
-    weights takes stock's matmul instead: matmul.py's `rows_fit`)."""
-    (*_, gate, up, down), _, _ = _parts(l)
+def attention_fits(ops, a: nn.Module, x: mx.array) -> bool:
+    """Whether attention layer `a`'s q/k/v take block `x` in one launch and
+    its o_proj in another."""
+    wq, wk, wv, wo = [weight_of(stock(a[n])) for n in _PROJ]
+    return ops.applies(x, wq, wk, wv) and ops.applies(block_of(x, wo), wo)
+
+
+def mlp_fits(ops, mlp: nn.Module, h: mx.array) -> bool:
+    """Whether MLP `mlp` (gate/up/down_proj) takes block `h` in two launches
+    (a wide block of large weights takes stock's matmul instead: matmul.py's
+    `rows_fit`)."""
+    gate, up, down = [weight_of(stock(mlp[n])) for n in _MLP]
     return (
         gate.shape == up.shape
         and ops.applies(h, gate, up)
