@@ -24,10 +24,11 @@ from collections import defaultdict
 
 import mlx.core as mx
 
-from probe_verify_kernels import KINDS, marker  # bench/probes/, beside this script
+from probe_verify_kernels import KINDS as VERIFY_KINDS
+from probe_verify_kernels import marker  # bench/probes/, beside this script
 
-KINDS = [
-    *KINDS,
+KINDS = [  # the verify probe's kinds and a batched cycle's others
+    *VERIFY_KINDS,
     ("GatedDeltaNet", "dflash_gated_delta"),
     ("cuDNN / sdpa", "cudnn|sdpa|fmha|flash_fwd"),
     ("gemm (cuBLAS)", "gemm|Gemm|cutlass|sm90_xmma"),

@@ -85,17 +85,36 @@ _STEP_STATES = """{
 _kernels = {}
 
 
-def _cuda_kernel(step_states: bool):
-    if step_states not in _kernels:
+def _cuda_kernel(kind: str, step_states: bool):
+    """The recurrence kernel of `kind` (`_KINDS`), with or without the state
+    after each step."""
+    key = (kind, step_states)
+    if key not in _kernels:
+        inputs, source = _KINDS[kind]
         outputs = ["y", "state_out"] + (["states"] if step_states else [])
-        _kernels[step_states] = mx.fast.cuda_kernel(
-            name="dflash_gated_delta" + ("_steps" if step_states else ""),
-            input_names=["q", "k", "v", "g", "beta", "state_in"],
+        _kernels[key] = mx.fast.cuda_kernel(
+            name="dflash_gated_delta" + kind + ("_steps" if step_states else ""),
+            input_names=inputs,
             output_names=outputs,
-            source=_SOURCE.replace("STEP_STATES", _STEP_STATES if step_states else ""),
+            source=source.replace("STEP_STATES", _STEP_STATES if step_states else ""),
             header=_HEADER,
         )
-    return _kernels[step_states]
+    return _kernels[key]
+
+
+def _launch(kind: str, inputs, template, state, y_shape, dtype, step_states: bool):
+    """One launch of `kind`'s kernel: a warp per (batch, value head, row of
+    Dv); returns (y, state) and, with `step_states`, each step's state."""
+    B, T, Hv, Dv = y_shape
+    shapes = [y_shape, state.shape] + ([(T, *state.shape)] if step_states else [])
+    return _cuda_kernel(kind, step_states)(
+        inputs=inputs,
+        template=template,
+        grid=(32, Dv, B * Hv),
+        threadgroup=(32, 4, 1),
+        output_shapes=shapes,
+        output_dtypes=[dtype] + [mx.float32] * (len(shapes) - 1),
+    )
 
 
 def cuda_applies(q: mx.array, v: mx.array, state: mx.array, mask) -> bool:
@@ -117,16 +136,14 @@ def gated_delta_cuda(q, k, v, g, beta, state, step_states: bool = False):
     """
     B, T, Hk, Dk = q.shape
     Hv, Dv = v.shape[-2:]
-    shapes = [(B, T, Hv, Dv), state.shape] + (
-        [(T, *state.shape)] if step_states else []
-    )
-    return _cuda_kernel(step_states)(
-        inputs=[q, k, v, g, beta, state],
-        template=[("InT", q.dtype), ("Hk", Hk), ("Hv", Hv), ("Dk", Dk), ("Dv", Dv)],
-        grid=(32, Dv, B * Hv),
-        threadgroup=(32, 4, 1),
-        output_shapes=shapes,
-        output_dtypes=[q.dtype] + [mx.float32] * (len(shapes) - 1),
+    return _launch(
+        "",
+        [q, k, v, g, beta, state],
+        [("InT", q.dtype), ("Hk", Hk), ("Hv", Hv), ("Dk", Dk), ("Dv", Dv)],
+        state,
+        (B, T, Hv, Dv),
+        q.dtype,
+        step_states,
     )
 
 
@@ -208,20 +225,15 @@ _CONV_SOURCE = """
   for (int i = 0; i < PER; ++i) s_out[i] = s[i];
 """
 
-def _cuda_conv_kernel(step_states: bool):
-    key = ("conv", step_states)
-    if key not in _kernels:
-        outputs = ["y", "state_out"] + (["states"] if step_states else [])
-        _kernels[key] = mx.fast.cuda_kernel(
-            name="dflash_gated_delta_conv" + ("_steps" if step_states else ""),
-            input_names=["conv_in", "conv_w", "a_in", "b_in", "A_log", "dt_bias", "state_in"],
-            output_names=outputs,
-            source=_CONV_SOURCE.replace(
-                "STEP_STATES", _STEP_STATES if step_states else ""
-            ),
-            header=_HEADER,
-        )
-    return _kernels[key]
+# Each recurrence kernel's inputs and source: the recurrence alone, and with
+# everything from the layer's conv input.
+_KINDS = {
+    "": (["q", "k", "v", "g", "beta", "state_in"], _SOURCE),
+    "_conv": (
+        ["conv_in", "conv_w", "a_in", "b_in", "A_log", "dt_bias", "state_in"],
+        _CONV_SOURCE,
+    ),
+}
 
 
 def conv_applies(layer: GatedDeltaNet, conv_in: mx.array, state, mask) -> bool:
@@ -251,10 +263,10 @@ def gated_delta_conv_cuda(
     Hk, Dk = layer.num_k_heads, layer.head_k_dim
     Hv, Dv = layer.num_v_heads, layer.head_v_dim
     conv = innermost(layer.conv1d)
-    shapes = [(B, T, Hv, Dv), state.shape] + ([(T, *state.shape)] if step_states else [])
-    return _cuda_conv_kernel(step_states)(
-        inputs=[conv_in, conv["weight"], a, b, layer.A_log, layer.dt_bias, state],
-        template=[
+    return _launch(
+        "_conv",
+        [conv_in, conv["weight"], a, b, layer.A_log, layer.dt_bias, state],
+        [
             ("InT", conv_in.dtype),
             ("Hk", Hk),
             ("Hv", Hv),
@@ -262,10 +274,10 @@ def gated_delta_conv_cuda(
             ("Dv", Dv),
             ("K", layer.conv_kernel_size),
         ],
-        grid=(32, Dv, B * Hv),
-        threadgroup=(32, 4, 1),
-        output_shapes=shapes,
-        output_dtypes=[conv_in.dtype] + [mx.float32] * (len(shapes) - 1),
+        state,
+        (B, T, Hv, Dv),
+        conv_in.dtype,
+        step_states,
     )
 
 
