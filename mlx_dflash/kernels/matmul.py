@@ -390,19 +390,22 @@ def _kernel(
     return _kernels[key]
 
 
-def tiling(rows: int, k: int, packed: bool = False, ns=()):
+def tiling(rows: int, k: int, bits: Optional[int] = None, ns=()):
     """(output columns, warps) per thread block for `rows` rows, input width
-    `k` and outputs `ns`: for one tile of rows 16 columns and 16 warps
-    splitting K, which put the most loads in flight per multiprocessor in the
-    H200 sweep (speed.md section 12); for two row tiles 32 columns and 4 warps,
-    for more 32 and 8, which reuse each block's rows over twice the columns
-    (H200, Qwen3-8B shapes, 32 rows: a layer's launches 226 -> 192 us; 64
-    rows: q/k/v 77 -> 51, o 41 -> 29 us; bench/results/h200-probe-linear-rows-bits.jsonl).
+    `k`, outputs `ns` and weights of `bits` bits (None: dense): for one tile
+    of rows 16 columns and 16 warps splitting K, which put the most loads in
+    flight per multiprocessor in the H200 sweep (speed.md section 12); for two
+    row tiles 32 columns and 4 warps, for more 32 and 8, which reuse each
+    block's rows over twice the columns (H200, Qwen3-8B shapes, 32 rows: a
+    layer's launches 226 -> 192 us; 64 rows: q/k/v 77 -> 51, o 41 -> 29 us;
+    bench/results/h200-probe-linear-rows-bits.jsonl).
     Packed weights (their dequantization) take 16 columns and 8 warps: they
     need more registers than each of 512 threads may hold ("too many
-    resources requested for launch"), and no other tiling was swept for them."""
-    if packed:
-        return COLS, WARPS
+    resources requested for launch"); 4-bit ones at one row tile 4 warps
+    (Qwen3-8B shapes, 16 rows: a layer's launches 194 -> 166 us, the lm_head
+    315 -> 300 us; bench/results/h200-probe-linear-packed-tilings.jsonl)."""
+    if bits:
+        return (COLS, 4) if bits == 4 and rows <= 16 else (COLS, WARPS)
     if rows <= 16:
         return COLS, 16 if k % (16 * K_CHUNK) == 0 else WARPS
     if any(n % (2 * COLS) for n in ns):
@@ -529,7 +532,7 @@ def _plan(shape, dtype, ns, kind, bias, swiglu, eps, residual, cols, warps) -> _
     # Leading dims are the kernel's rows: no reshape nodes in or out.
     k, lead = shape[-1], shape[:-1]
     m = math.prod(lead)
-    auto_cols, auto_warps = tiling(m, k, kind is not None, ns)
+    auto_cols, auto_warps = tiling(m, k, kind[0] if kind else None, ns)
     cols, warps = cols or auto_cols, warps or auto_warps
     blocks = [n // cols for n in ns]
     template = [
