@@ -11,6 +11,8 @@ calls; for the GPU's time per launch, `--reps 0` makes one launch of each for
 a profiler (how speed.md section 12 used it):
 
     python bench/probes/probe_linear_variants.py [--calls 72] [--variants base,u2]
+    python bench/probes/probe_linear_variants.py --bits 4 --variants base,wide4,wide4u2 \
+        --tilings auto,16x8,32x4   # the 64-k 4-bit fetch against the shipped 16-k one
     ncu --clock-control none --csv -k regex:"dflash_block_linear|gemv" \
         --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
         python bench/probes/probe_linear_variants.py --reps 0 --tilings auto,16x16
@@ -67,6 +69,70 @@ def unroll(n):
     )
 
 
+# 4-bit weights, one row tile: a lane fetches 64 consecutive k of a weight row
+# in one 32-byte load (the size of a dense lane's) and feeds 4 mma steps of 16
+# k from it, the group's scale and bias loaded once. Tried in the fifteenth
+# session at 16 x 8 only, where each warp's K slice (512) is two such steps:
+# fewer than the loop's unroll of 4, so likely one fetch in flight at a time
+# (h200-probe-linear-packed-fetch.jsonl: slower on every launch). Packed
+# 4-bit launches only (--bits 4): the text names the packed pointers.
+_LOOP = """  #pragma unroll 4
+  for (int kc = k_begin; kc < k_begin + kper; kc += 64) {
+    const int kk = kc + t * 16;
+"""
+_WIDE_LOOP = """  struct alignas(32) Words { unsigned w[8]; };
+  Words pw[P][NT];
+  PAIR sc2[P][NT], zb2[P][NT];
+  #pragma unroll UNROLL
+  for (int kc = k_begin; kc < k_begin + kper; kc += 256) {
+    #pragma unroll
+    for (int p = 0; p < P; ++p) {
+      #pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const size_t wrow = n0 + j * 8 + g;
+        pw[p][j] = *reinterpret_cast<const Words*>(wq[p] + (wrow * K + kc + t * 64) / 8);
+      }
+    }
+    #pragma unroll
+    for (int u = 0; u < 4; ++u) {
+    const int kk = kc + t * 64 + 16 * u;
+"""
+_LOOP_END = """            mma16816(acc[p][m][j], a, uw[2 * s], uw[2 * s + 1]);
+          }
+        }
+      }
+    }
+  }
+"""
+_WIDE_LOAD = """if ((16 * u) % GS == 0) {
+          const size_t gi = wrow * (K / GS) + kk / GS;
+          sc2[p][j].x = sc2[p][j].y = ws[p][gi];
+          zb2[p][j].x = zb2[p][j].y = wz[p][gi];
+        }
+        const unsigned magic = MAGIC;
+        const PAIR base = *reinterpret_cast<const PAIR*>(&magic);
+        unsigned* tw = reinterpret_cast<unsigned*>(wv[p][j]);
+        #pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const unsigned t = pw[p][j].w[2 * u + i / 4] >> (8 * (i & 3));
+          unsigned h = (t & 0xFu) | ((t << 12) & 0xF0000u) | magic;
+          PAIR v = __hfma2(__hsub2(*reinterpret_cast<PAIR*>(&h), base), sc2[p][j], zb2[p][j]);
+          tw[i] = *reinterpret_cast<unsigned*>(&v);
+        }"""
+_SHIPPED = (linear._SOURCE, linear._PACKED4_LOAD)
+
+
+def wide_fetch(unroll):
+    """linear.py's kernel text with the 64-k 4-bit fetch, unrolled `unroll` deep."""
+    source = _SHIPPED[0]
+    assert _LOOP in source and _LOOP_END in source, "matmul.py's loop changed"
+    source = source.replace(_LOOP, _WIDE_LOOP.replace("UNROLL", str(unroll)))
+    source = source.replace(_LOOP_END, _LOOP_END + "  }\n")
+    return source, _WIDE_LOAD
+
+
+WIDE = {"wide4": 4, "wide4u2": 2, "wide4u1": 1}
+
 VARIANTS = {
     "base": [],
     "u1": [unroll(1)],
@@ -78,6 +144,7 @@ VARIANTS = {
     "coal": [coalesced],
     "coal_nc": [coalesced, weights_via("ldn", 4)],
     "coal_nc256": [coalesced, weights_via("ldw", 4)],
+    **{name: [] for name in WIDE},
 }
 
 _original = mx.fast.cuda_kernel
@@ -97,6 +164,9 @@ def use_variant(name):
     tag = name
     mx.fast.cuda_kernel = build
     linear._kernels.clear()
+    linear._SOURCE, linear._PACKED4_LOAD = (
+        wide_fetch(WIDE[name]) if name in WIDE else _SHIPPED
+    )
 
 
 def parse(tiling):
@@ -134,6 +204,8 @@ def main():
     p.add_argument("--bits", type=int, choices=(4, 8), help="packed weights (group 64)")
     p.add_argument("--stock", action="store_true", help="also time the stock ops")
     a = p.parse_args()
+    if any(v in WIDE for v in a.variants.split(",")) and (a.bits != 4 or a.rows > 16):
+        p.error("the wide4 variants are for --bits 4 at 16 rows or fewer")
     h, f, v, kvh = 4096, 12288, 151936, 1024
     bf = mx.bfloat16
     rnd = lambda *s: (mx.random.normal(s) * s[-1] ** -0.5).astype(bf)
