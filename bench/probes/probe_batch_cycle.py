@@ -58,6 +58,21 @@ def timed(table, name, fn, extra=None):
     return run
 
 
+def engine_shape(shape: str, dtype):
+    """A peaked random target of `shape`, its real-size random DFlash draft
+    (the target capturing the draft's layers) and the vocabulary the engine
+    drafter samples from: (model, target, draft, vocab)."""
+    from mlx_dflash.bench.shapes import PRESETS, build_draft, build_target
+    from mlx_dflash.target import Target
+
+    model = build_target(shape, dtype=dtype, peaked=True)
+    target = Target(model)
+    draft = build_draft(shape, target.num_layers, dtype=dtype)
+    target.set_capture_layers(draft.args.target_layer_ids)
+    vocab = PRESETS[shape][2] or target.embed_tokens.weight.shape[0]
+    return model, target, draft, vocab
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("shape", nargs="?", default="qwen3-8b")
@@ -70,15 +85,8 @@ def main():
     from mlx_dflash import batch as batch_mod
     from mlx_dflash import decode
     from mlx_dflash.bench.engine import make_engine_drafter
-    from mlx_dflash.bench.shapes import PRESETS, build_draft, build_target
-    from mlx_dflash.target import Target
 
-    dtype = getattr(mx, a.dtype)
-    model = build_target(a.shape, dtype=dtype, peaked=True)
-    target = Target(model)
-    draft = build_draft(a.shape, target.num_layers, dtype=dtype)
-    target.set_capture_layers(draft.args.target_layer_ids)
-    vocab = PRESETS[a.shape][2] or target.embed_tokens.weight.shape[0]
+    model, target, draft, vocab = engine_shape(a.shape, getattr(mx, a.dtype))
     table = defaultdict(list)
     forward = target.forward
     target.forward = timed(table, "verify forward", forward)

@@ -22,6 +22,8 @@ import time
 
 import mlx.core as mx
 
+from probe_batch_cycle import engine_shape  # bench/probes/, beside this script
+
 
 def main():
     p = argparse.ArgumentParser()
@@ -35,17 +37,10 @@ def main():
 
     from mlx_dflash.batch import Batch
     from mlx_dflash.bench.engine import make_engine_drafter
-    from mlx_dflash.bench.shapes import PRESETS, build_draft, build_target
     from mlx_dflash.decode import generate_step
     from mlx_dflash.stats import SpecStats
-    from mlx_dflash.target import Target
 
-    dtype = getattr(mx, a.dtype)
-    model = build_target(a.shape, dtype=dtype, peaked=True)
-    target = Target(model)
-    draft = build_draft(a.shape, target.num_layers, dtype=dtype)
-    target.set_capture_layers(draft.args.target_layer_ids)
-    vocab = PRESETS[a.shape][2] or target.embed_tokens.weight.shape[0]
+    model, target, draft, vocab = engine_shape(a.shape, getattr(mx, a.dtype))
     prompt = [(7 * j) % 900 + 1 for j in range(128)]
     ref = [t for t, _ in stock_step(mx.array(prompt), model, max_tokens=a.max_tokens)]
 
