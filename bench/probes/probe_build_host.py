@@ -3,12 +3,16 @@ on any machine (issue #25: the 9B verify is host-bound,
 bench/results/h200-probe-verify-profile-qwen3_5-9b.txt).
 
     python bench/probes/probe_build_host.py qwen3.5-9b --layers 8 [--quantize 4] [--batch 4]
+    python bench/probes/probe_build_host.py qwen3-8b --draft [--draft-quantize 4]
 Builds a real shape with fewer layers (and a small vocabulary), and runs
 `Target.forward` of a 16-row block through CUDA's wrappers and launch code
 (kernels/cuda.py, matmul.py, gdn.py ...) with every `mx.fast.cuda_kernel`
 replaced by a stand-in that returns lazy zeros of the launch's output shapes,
 and the wrappers' GPU checks answered yes. The forward is never evaluated: the time is
 Python's and MLX's graph building, what the H200 profile counted as `build_ms`.
+With --draft: one draft pass instead (the shape's real-size 5-layer DFlash draft,
+bf16 or --draft-quantize bits, over 64 tokens of drafter context, then the
+target's head), which is what the engine's `propose` builds each cycle.
 Prints one JSON line: median (and least) ms per build, median per layer, and the top own-time
 functions (cProfile) if --profile.
 """
@@ -49,6 +53,28 @@ def stub_kernel(**kernel):
     return launch
 
 
+def timed_builds(setup, reps: int, profile: bool):
+    """ms of each of `reps` builds (after 3 unkept), the first build's graph
+    size, and the cProfile of the kept ones (None unless `profile`).
+    `setup()` prepares one build (untimed) and returns it."""
+    times, count, prof = [], None, cProfile.Profile() if profile else None
+    gc.disable()  # a collection inside one build is noise, not its cost
+    for r in range(reps + 3):
+        build = setup()
+        t0 = time.perf_counter()
+        if prof and r >= 3:
+            prof.enable()
+        out = build()
+        if prof and r >= 3:
+            prof.disable()
+        if r >= 3:
+            times.append((time.perf_counter() - t0) * 1e3)
+        if r == 0:
+            count = nodes(out)
+    gc.enable()
+    return times, count, prof
+
+
 def nodes(*outputs) -> int:
     """Primitives in the graph of `outputs` (a stand-in launch counts three:
     its zeros, their broadcast and the dependency)."""
@@ -70,6 +96,8 @@ def main():
         "--batch", type=int, default=0,
         help="B > 0: a batched verify (batch.py's) of B rows x --rows over a ragged cache",
     )
+    p.add_argument("--draft", action="store_true", help="time one draft pass instead")
+    p.add_argument("--draft-quantize", type=int, default=None)
     a = p.parse_args()
 
     mx.fast.cuda_kernel = stub_kernel
@@ -97,23 +125,16 @@ def main():
         nn.quantize(model, group_size=64, bits=a.quantize)
     mx.eval(model.parameters())  # so the graph counted is the forward's alone
     target = Target(model, block_path=BlockPath.choose(CudaKernels()), flush_every=0)
+    if a.draft:
+        return draft_pass(a, target)
     tokens = mx.zeros((max(a.batch, 1), a.rows), mx.uint32)
     batched = ragged(target, a.batch) if a.batch else None
-    times, prof = [], cProfile.Profile() if a.profile else None
-    gc.disable()  # a collection inside one build is noise, not its cost
-    for r in range(a.reps + 3):
+
+    def build():
         cache = copy.deepcopy(batched) if batched else target.make_cache()
-        t0 = time.perf_counter()
-        if prof and r >= 3:
-            prof.enable()
-        logits, _ = target.forward(tokens, cache)
-        if prof and r >= 3:
-            prof.disable()
-        if r >= 3:
-            times.append((time.perf_counter() - t0) * 1e3)
-        if r == 0:
-            count = nodes(logits)
-    gc.enable()
+        return lambda: target.forward(tokens, cache)[0]
+
+    times, count, prof = timed_builds(build, a.reps, a.profile)
     mx.default_device = real_default
     ms = statistics.median(times)
     print(json.dumps(dict(
@@ -122,6 +143,34 @@ def main():
         bits=a.quantize or 16, rows=a.rows, batch=a.batch, build_ms=round(ms, 3),
         min_ms=round(min(times), 3),
         per_layer_ms=round(ms / a.layers, 4), nodes=count,
+    )), flush=True)
+    if prof:
+        pstats.Stats(prof).sort_stats("tottime").print_stats(15)
+
+
+def draft_pass(a, target):
+    """Host time of one engine draft pass (drafters.DFlashDrafter._logits)."""
+    from mlx_dflash.bench.shapes import build_draft
+    from mlx_dflash.drafters import DFlashDrafter
+    from mlx_dflash.load import quantize_draft
+
+    draft = build_draft(a.shape, target.num_layers, dtype=mx.bfloat16)
+    if a.draft_quantize:  # as the bench's and the CLI's --draft-quantize
+        quantize_draft(draft, a.draft_quantize, group_size=64)
+    mx.eval(draft.parameters())
+    target.set_capture_layers(draft.args.target_layer_ids)
+    drafter = DFlashDrafter(draft, target)
+    features = mx.zeros((1, 64, draft.fc.weight.shape[-1]))
+    drafter.commit(list(range(64)), features.astype(mx.bfloat16))
+    mx.eval([c.state for c in drafter.cache])
+    times, count, prof = timed_builds(
+        lambda: lambda: drafter._logits(5, a.rows - 1), a.reps, a.profile
+    )
+    ms = statistics.median(times)
+    print(json.dumps(dict(
+        shape=a.shape, draft_bits=a.draft_quantize or 16, rows=a.rows,
+        layers=len(draft.layers), build_ms=round(ms, 3), min_ms=round(min(times), 3),
+        nodes=count,
     )), flush=True)
     if prof:
         pstats.Stats(prof).sort_stats("tottime").print_stats(15)

@@ -13,6 +13,7 @@ a profiler (how speed.md section 12 used it):
     python bench/probes/probe_linear_variants.py [--calls 72] [--variants base,u2]
     python bench/probes/probe_linear_variants.py --bits 4 --variants base,wide4,wide4u2 \
         --tilings auto,16x8,32x4   # the 64-k 4-bit fetch against the shipped 16-k one
+    python bench/probes/probe_linear_variants.py --bits 4 --variants base,prmt4 --tilings auto
     ncu --clock-control none --csv -k regex:"dflash_block_linear|gemv" \
         --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
         python bench/probes/probe_linear_variants.py --reps 0 --tilings auto,16x16
@@ -119,6 +120,29 @@ _WIDE_LOAD = """if ((16 * u) % GS == 0) {
           PAIR v = __hfma2(__hsub2(*reinterpret_cast<PAIR*>(&h), base), sc2[p][j], zb2[p][j]);
           tw[i] = *reinterpret_cast<unsigned*>(&v);
         }"""
+# 4 bits by byte permute (sixteenth session, compiled but not yet run): one
+# PRMT puts byte b of the word and of the word shifted by 4 in the pair's two
+# halves, one LOP3 masks both nibbles and sets MAGIC's exponent: 4
+# instructions a pair with the subtract and fma against the shipped 6 (nvcc 13
+# sm_90 SASS: the 16 x 4 K loop 831 -> 674 instructions). `--variants prmt4`.
+_PRMT4_LOAD = """const size_t gi = wrow * (K / GS) + kk / GS;
+        PAIR s2, z2;
+        s2.x = s2.y = ws[p][gi];
+        z2.x = z2.y = wz[p][gi];
+        const uint2 u = *reinterpret_cast<const uint2*>(wq[p] + (wrow * K + kk) / 8);
+        const unsigned magic = MAGIC;
+        const PAIR base = *reinterpret_cast<const PAIR*>(&magic);
+        const unsigned hi[2] = {u.x >> 4, u.y >> 4};
+        unsigned* tw = reinterpret_cast<unsigned*>(wv[p][j]);
+        #pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const unsigned b = i & 3;
+          const unsigned t = __byte_perm(i < 4 ? u.x : u.y, hi[i / 4], b | ((b + 4) << 8));
+          unsigned h;  // (t & 0x000F000F) | magic, as one LOP3 (nvcc makes two)
+          asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xEA;" : "=r"(h) : "r"(t), "r"(magic));
+          PAIR v = __hfma2(__hsub2(*reinterpret_cast<PAIR*>(&h), base), s2, z2);
+          tw[i] = *reinterpret_cast<unsigned*>(&v);
+        }"""
 _SHIPPED = (linear._SOURCE, linear._PACKED4_LOAD)
 
 
@@ -144,6 +168,7 @@ VARIANTS = {
     "coal": [coalesced],
     "coal_nc": [coalesced, weights_via("ldn", 4)],
     "coal_nc256": [coalesced, weights_via("ldw", 4)],
+    "prmt4": [],
     **{name: [] for name in WIDE},
 }
 
@@ -167,6 +192,8 @@ def use_variant(name):
     linear._SOURCE, linear._PACKED4_LOAD = (
         wide_fetch(WIDE[name]) if name in WIDE else _SHIPPED
     )
+    if name == "prmt4":
+        linear._PACKED4_LOAD = _PRMT4_LOAD
 
 
 def parse(tiling):

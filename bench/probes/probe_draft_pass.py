@@ -1,0 +1,99 @@
+"""Probe: where one draft pass's time goes, bf16 against quantized drafts (issue #25).
+
+    python bench/probes/probe_draft_pass.py qwen3-8b [--quantize 4] [--draft-bits 0,4]
+
+The engine-mode bench reports the draft pass of a 4-bit draft slower than
+bf16's on the H200 (bench/results/h200-q4-*-drafts-*.md: 2.9 vs 2.4 ms on the
+Qwen3-8B shape), though Nsight Compute counted less GPU time for it (1.36 vs
+1.49 ms, h200-ncu-batch-cycle-qwen3-8b.txt). Here the shape's target (4-bit
+with --quantize 4, as those runs) and its real-size random 5-layer draft, bf16
+and quantized as `--draft-quantize` does (load.quantize_draft), draft one
+16-token block after 512 committed context tokens, in alternating rounds:
+per pass the host time to build the graph (`build_ms`: DFlashDrafter._logits
+returning), the wait for its evaluation after that (`eval_ms`), and the two
+together (`pass_ms`); medians over --reps passes. One JSON line per draft.
+Then the block's embedding alone (evaluated each time) with int32 and uint32
+token ids: Nsight Compute timed the draft's int32-indexed gather at 192 us
+against 4 us for the verify's uint32 one of the same size
+(h200-ncu-batch-cycle-qwen3-8b-16x4.txt).
+"""
+
+import argparse
+import json
+import statistics
+import time
+
+import mlx.core as mx
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("shape", nargs="?", default="qwen3-8b")
+    p.add_argument("--quantize", type=int, default=4, help="target bits (0: bf16)")
+    p.add_argument("--draft-bits", default="0,4")
+    p.add_argument("--context", type=int, default=512)
+    p.add_argument("--reps", type=int, default=60)
+    p.add_argument("--rounds", type=int, default=3)
+    a = p.parse_args()
+    from mlx_dflash.bench.shapes import build_draft, build_target
+    from mlx_dflash.drafters import DFlashDrafter
+    from mlx_dflash.load import quantize_draft
+    from mlx_dflash.target import Target
+
+    model = build_target(a.shape, peaked=True, quantize=a.quantize or None)
+    target = Target(model)
+    drafters = {}
+    for bits in [int(b) for b in a.draft_bits.split(",")]:
+        draft = build_draft(a.shape, target.num_layers)
+        if bits:
+            quantize_draft(draft, bits)
+        mx.eval(draft.parameters())
+        target.set_capture_layers(draft.args.target_layer_ids)
+        d = DFlashDrafter(draft, target)
+        features = mx.random.normal((1, a.context, draft.fc.weight.shape[-1]))
+        d.commit(list(range(a.context)), features.astype(mx.bfloat16))
+        mx.eval([c.state for c in d.cache])
+        drafters[bits] = d
+
+    def one(d):
+        t0 = time.perf_counter()
+        logits = d._logits(5, 15)
+        t1 = time.perf_counter()
+        mx.eval(logits)
+        t2 = time.perf_counter()
+        return (t1 - t0) * 1e3, (t2 - t1) * 1e3
+
+    for d in drafters.values():  # compiles every kernel
+        for _ in range(5):
+            one(d)
+    times = {b: [] for b in drafters}
+    for _ in range(a.rounds):
+        for bits, d in drafters.items():
+            times[bits] += [one(d) for _ in range(a.reps)]
+    for bits, ts in times.items():
+        med = lambda xs: round(statistics.median(xs), 3)
+        print(json.dumps(dict(
+            shape=a.shape, target_bits=a.quantize or 16, draft_bits=bits or 16,
+            context=a.context, passes=len(ts), build_ms=med([b for b, _ in ts]),
+            eval_ms=med([e for _, e in ts]), pass_ms=med([b + e for b, e in ts]),
+        )), flush=True)
+    print(json.dumps(dict(
+        shape=a.shape, embed_ms={
+            str(t): embed_ms(target, getattr(mx, t), a.reps) for t in ("int32", "uint32")
+        },
+    )), flush=True)
+
+
+def embed_ms(target, dtype, reps):
+    block = mx.array([[5] + [7] * 15], dtype=dtype)
+    mx.eval(target.embed(block))
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        mx.eval(target.embed(block))
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return round(statistics.median(ts), 3)
+
+
+if __name__ == "__main__":
+    main()
