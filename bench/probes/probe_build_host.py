@@ -150,26 +150,16 @@ def main():
 
 def draft_pass(a, target):
     """Host time of one engine draft pass (drafters.DFlashDrafter._logits)."""
-    from mlx_dflash.bench.shapes import build_draft
-    from mlx_dflash.drafters import DFlashDrafter
-    from mlx_dflash.load import quantize_draft
+    from probe_draft_pass import context_drafter  # bench/probes/, beside this script
 
-    draft = build_draft(a.shape, target.num_layers, dtype=mx.bfloat16)
-    if a.draft_quantize:  # as the bench's and the CLI's --draft-quantize
-        quantize_draft(draft, a.draft_quantize, group_size=64)
-    mx.eval(draft.parameters())
-    target.set_capture_layers(draft.args.target_layer_ids)
-    drafter = DFlashDrafter(draft, target)
-    features = mx.zeros((1, 64, draft.fc.weight.shape[-1]))
-    drafter.commit(list(range(64)), features.astype(mx.bfloat16))
-    mx.eval([c.state for c in drafter.cache])
+    drafter = context_drafter(a.shape, target, a.draft_quantize or 0, 64)
     times, count, prof = timed_builds(
         lambda: lambda: drafter._logits(5, a.rows - 1), a.reps, a.profile
     )
     ms = statistics.median(times)
     print(json.dumps(dict(
         shape=a.shape, draft_bits=a.draft_quantize or 16, rows=a.rows,
-        layers=len(draft.layers), build_ms=round(ms, 3), min_ms=round(min(times), 3),
+        layers=len(drafter.draft.layers), build_ms=round(ms, 3), min_ms=round(min(times), 3),
         nodes=count,
     )), flush=True)
     if prof:

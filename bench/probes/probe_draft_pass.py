@@ -26,6 +26,26 @@ import time
 import mlx.core as mx
 
 
+def context_drafter(shape: str, target, bits: int, context: int):
+    """The shape's real-size random DFlash draft on `target` (quantized to
+    `bits` as `--draft-quantize` does; 0: bf16), `context` tokens of random
+    target features committed and evaluated."""
+    from mlx_dflash.bench.shapes import build_draft
+    from mlx_dflash.drafters import DFlashDrafter
+    from mlx_dflash.load import quantize_draft
+
+    draft = build_draft(shape, target.num_layers)
+    if bits:
+        quantize_draft(draft, bits)
+    mx.eval(draft.parameters())
+    target.set_capture_layers(draft.args.target_layer_ids)
+    d = DFlashDrafter(draft, target)
+    features = mx.random.normal((1, context, draft.fc.weight.shape[-1]))
+    d.commit(list(range(context)), features.astype(mx.bfloat16))
+    mx.eval([c.state for c in d.cache])
+    return d
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("shape", nargs="?", default="qwen3-8b")
@@ -35,25 +55,15 @@ def main():
     p.add_argument("--reps", type=int, default=60)
     p.add_argument("--rounds", type=int, default=3)
     a = p.parse_args()
-    from mlx_dflash.bench.shapes import build_draft, build_target
-    from mlx_dflash.drafters import DFlashDrafter
-    from mlx_dflash.load import quantize_draft
+    from mlx_dflash.bench.shapes import build_target
     from mlx_dflash.target import Target
 
     model = build_target(a.shape, peaked=True, quantize=a.quantize or None)
     target = Target(model)
-    drafters = {}
-    for bits in [int(b) for b in a.draft_bits.split(",")]:
-        draft = build_draft(a.shape, target.num_layers)
-        if bits:
-            quantize_draft(draft, bits)
-        mx.eval(draft.parameters())
-        target.set_capture_layers(draft.args.target_layer_ids)
-        d = DFlashDrafter(draft, target)
-        features = mx.random.normal((1, a.context, draft.fc.weight.shape[-1]))
-        d.commit(list(range(a.context)), features.astype(mx.bfloat16))
-        mx.eval([c.state for c in d.cache])
-        drafters[bits] = d
+    drafters = {
+        bits: context_drafter(a.shape, target, bits, a.context)
+        for bits in [int(b) for b in a.draft_bits.split(",")]
+    }
 
     def one(d):
         t0 = time.perf_counter()

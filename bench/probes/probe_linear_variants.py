@@ -125,15 +125,13 @@ _WIDE_LOAD = """if ((16 * u) % GS == 0) {
 # halves, one LOP3 masks both nibbles and sets MAGIC's exponent: 4
 # instructions a pair with the subtract and fma against the shipped 6 (nvcc 13
 # sm_90 SASS: the 16 x 4 K loop 831 -> 674 instructions). `--variants prmt4`.
-_PRMT4_LOAD = """const size_t gi = wrow * (K / GS) + kk / GS;
-        PAIR s2, z2;
-        s2.x = s2.y = ws[p][gi];
-        z2.x = z2.y = wz[p][gi];
-        const uint2 u = *reinterpret_cast<const uint2*>(wq[p] + (wrow * K + kk) / 8);
-        const unsigned magic = MAGIC;
-        const PAIR base = *reinterpret_cast<const PAIR*>(&magic);
-        const unsigned hi[2] = {u.x >> 4, u.y >> 4};
-        unsigned* tw = reinterpret_cast<unsigned*>(wv[p][j]);
+_SHIPPED_DECODE = "unsigned* tw = reinterpret_cast<unsigned*>(wv[p][j]);"
+_PRMT4_LOAD = (  # the shipped load's scale, bias and word loads, then the permute
+    linear._PACKED4_LOAD[: linear._PACKED4_LOAD.index(_SHIPPED_DECODE)]
+    + """const unsigned hi[2] = {u.x >> 4, u.y >> 4};
+        """
+    + _SHIPPED_DECODE
+    + """
         #pragma unroll
         for (int i = 0; i < 8; ++i) {
           const unsigned b = i & 3;
@@ -143,6 +141,7 @@ _PRMT4_LOAD = """const size_t gi = wrow * (K / GS) + kk / GS;
           PAIR v = __hfma2(__hsub2(*reinterpret_cast<PAIR*>(&h), base), s2, z2);
           tw[i] = *reinterpret_cast<unsigned*>(&v);
         }"""
+)
 _SHIPPED = (linear._SOURCE, linear._PACKED4_LOAD)
 
 
