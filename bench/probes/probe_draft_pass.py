@@ -11,7 +11,10 @@ and quantized as `--draft-quantize` does (load.quantize_draft), draft one
 16-token block after 512 committed context tokens, in alternating rounds:
 per pass the host time to build the graph (`build_ms`: DFlashDrafter._logits
 returning), the wait for its evaluation after that (`eval_ms`), and the two
-together (`pass_ms`); medians over --reps passes. One JSON line per draft.
+together (`pass_ms`); medians over --reps passes; and the commit of
+--commit-rows accepted tokens' features after it (`commit_ms`: the context
+K/V through the draft's k/v projections, evaluated, then trimmed off again),
+which the bench's draft time leaves out. One JSON line per draft.
 Then the block's embedding alone (evaluated each time) with int32 and uint32
 token ids: Nsight Compute timed the draft's int32-indexed gather at 192 us
 against 4 us for the verify's uint32 one of the same size
@@ -54,6 +57,7 @@ def main():
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--reps", type=int, default=60)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--commit-rows", type=int, default=7)
     a = p.parse_args()
     from mlx_dflash.bench.shapes import build_target
     from mlx_dflash.target import Target
@@ -65,13 +69,20 @@ def main():
         for bits in [int(b) for b in a.draft_bits.split(",")]
     }
 
+    width = next(iter(drafters.values())).draft.fc.weight.shape[-1]
+    rows = mx.random.normal((1, a.commit_rows, width)).astype(mx.bfloat16)
+
     def one(d):
         t0 = time.perf_counter()
         logits = d._logits(5, 15)
         t1 = time.perf_counter()
         mx.eval(logits)
         t2 = time.perf_counter()
-        return (t1 - t0) * 1e3, (t2 - t1) * 1e3
+        d.commit(list(range(a.commit_rows)), rows)
+        mx.eval([c.state for c in d.cache])
+        t3 = time.perf_counter()
+        d.trim(a.commit_rows)
+        return (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3
 
     for d in drafters.values():  # compiles every kernel
         for _ in range(5):
@@ -84,8 +95,9 @@ def main():
         med = lambda xs: round(statistics.median(xs), 3)
         print(json.dumps(dict(
             shape=a.shape, target_bits=a.quantize or 16, draft_bits=bits or 16,
-            context=a.context, passes=len(ts), build_ms=med([b for b, _ in ts]),
-            eval_ms=med([e for _, e in ts]), pass_ms=med([b + e for b, e in ts]),
+            context=a.context, passes=len(ts), build_ms=med([t[0] for t in ts]),
+            eval_ms=med([t[1] for t in ts]), pass_ms=med([t[0] + t[1] for t in ts]),
+            commit_rows=a.commit_rows, commit_ms=med([t[2] for t in ts]),
         )), flush=True)
     print(json.dumps(dict(
         shape=a.shape, embed_ms={

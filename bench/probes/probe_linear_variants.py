@@ -13,7 +13,7 @@ a profiler (how speed.md section 12 used it):
     python bench/probes/probe_linear_variants.py [--calls 72] [--variants base,u2]
     python bench/probes/probe_linear_variants.py --bits 4 --variants base,wide4,wide4u2 \
         --tilings auto,16x8,32x4   # the 64-k 4-bit fetch against the shipped 16-k one
-    python bench/probes/probe_linear_variants.py --bits 4 --variants base,prmt4 --tilings auto
+    python bench/probes/probe_linear_variants.py --bits 4 --variants base,shift4 --tilings auto
     ncu --clock-control none --csv -k regex:"dflash_block_linear|gemv" \
         --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
         python bench/probes/probe_linear_variants.py --reps 0 --tilings auto,16x16
@@ -120,27 +120,20 @@ _WIDE_LOAD = """if ((16 * u) % GS == 0) {
           PAIR v = __hfma2(__hsub2(*reinterpret_cast<PAIR*>(&h), base), sc2[p][j], zb2[p][j]);
           tw[i] = *reinterpret_cast<unsigned*>(&v);
         }"""
-# 4 bits by byte permute (sixteenth session, compiled but not yet run): one
-# PRMT puts byte b of the word and of the word shifted by 4 in the pair's two
-# halves, one LOP3 masks both nibbles and sets MAGIC's exponent: 4
-# instructions a pair with the subtract and fma against the shipped 6 (nvcc 13
-# sm_90 SASS: the 16 x 4 K loop 831 -> 674 instructions). `--variants prmt4`.
-_SHIPPED_DECODE = "unsigned* tw = reinterpret_cast<unsigned*>(wv[p][j]);"
-_PRMT4_LOAD = (  # the shipped load's scale, bias and word loads, then the permute
-    linear._PACKED4_LOAD[: linear._PACKED4_LOAD.index(_SHIPPED_DECODE)]
-    + """const unsigned hi[2] = {u.x >> 4, u.y >> 4};
-        """
-    + _SHIPPED_DECODE
-    + """
+# 4 bits by shifts and masks, as shipped until the seventeenth session (6
+# instructions a pair; matmul.py's byte permute takes 4, and measured 10-20%
+# faster: h200-probe-linear-prmt4.jsonl, where it ran as `prmt4`). `--variants shift4`.
+_PERMUTE = linear._PACKED4_LOAD[linear._PACKED4_LOAD.index("const unsigned hi[2]"):]
+_SHIFT4_LOAD = linear._PACKED4_LOAD.replace(
+    _PERMUTE,
+    """unsigned* tw = reinterpret_cast<unsigned*>(wv[p][j]);
         #pragma unroll
         for (int i = 0; i < 8; ++i) {
-          const unsigned b = i & 3;
-          const unsigned t = __byte_perm(i < 4 ? u.x : u.y, hi[i / 4], b | ((b + 4) << 8));
-          unsigned h;  // (t & 0x000F000F) | magic, as one LOP3 (nvcc makes two)
-          asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xEA;" : "=r"(h) : "r"(t), "r"(magic));
+          const unsigned t = (i < 4 ? u.x : u.y) >> (8 * (i & 3));
+          unsigned h = (t & 0xFu) | ((t << 12) & 0xF0000u) | magic;
           PAIR v = __hfma2(__hsub2(*reinterpret_cast<PAIR*>(&h), base), s2, z2);
           tw[i] = *reinterpret_cast<unsigned*>(&v);
-        }"""
+        }""",
 )
 _SHIPPED = (linear._SOURCE, linear._PACKED4_LOAD)
 
@@ -167,7 +160,7 @@ VARIANTS = {
     "coal": [coalesced],
     "coal_nc": [coalesced, weights_via("ldn", 4)],
     "coal_nc256": [coalesced, weights_via("ldw", 4)],
-    "prmt4": [],
+    "shift4": [],
     **{name: [] for name in WIDE},
 }
 
@@ -191,8 +184,8 @@ def use_variant(name):
     linear._SOURCE, linear._PACKED4_LOAD = (
         wide_fetch(WIDE[name]) if name in WIDE else _SHIPPED
     )
-    if name == "prmt4":
-        linear._PACKED4_LOAD = _PRMT4_LOAD
+    if name == "shift4":
+        linear._PACKED4_LOAD = _SHIFT4_LOAD
 
 
 def parse(tiling):

@@ -241,7 +241,11 @@ _PACKED_LOAD = """const size_t gi = wrow * (K / GS) + kk / GS;
 # value is the low mantissa bits of MAGIC's float, 128 in bf16 or 1024 in fp16,
 # where steps are 1), then one paired subtract and one paired fma: no
 # int/float conversions, which run at a quarter of the FMA rate and made the
-# generic path's 4-bit verify slower than bf16's.
+# generic path's 4-bit verify slower than bf16's. One PRMT puts byte b of the
+# word and of the word shifted by 4 in the pair's two halves, one LOP3 masks
+# both nibbles and sets MAGIC's exponent: 4 instructions a pair against 6 with
+# shifts and masks, and 10-20% off every packed launch on the H200
+# (bench/results/h200-probe-linear-prmt4.jsonl).
 _PACKED4_LOAD = """const size_t gi = wrow * (K / GS) + kk / GS;
         PAIR s2, z2;
         s2.x = s2.y = ws[p][gi];
@@ -249,11 +253,14 @@ _PACKED4_LOAD = """const size_t gi = wrow * (K / GS) + kk / GS;
         const uint2 u = *reinterpret_cast<const uint2*>(wq[p] + (wrow * K + kk) / 8);
         const unsigned magic = MAGIC;
         const PAIR base = *reinterpret_cast<const PAIR*>(&magic);
+        const unsigned hi[2] = {u.x >> 4, u.y >> 4};
         unsigned* tw = reinterpret_cast<unsigned*>(wv[p][j]);
         #pragma unroll
         for (int i = 0; i < 8; ++i) {
-          const unsigned t = (i < 4 ? u.x : u.y) >> (8 * (i & 3));
-          unsigned h = (t & 0xFu) | ((t << 12) & 0xF0000u) | magic;
+          const unsigned b = i & 3;
+          const unsigned t = __byte_perm(i < 4 ? u.x : u.y, hi[i / 4], b | ((b + 4) << 8));
+          unsigned h;  // (t & 0x000F000F) | magic, as one LOP3 (nvcc makes two)
+          asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xEA;" : "=r"(h) : "r"(t), "r"(magic));
           PAIR v = __hfma2(__hsub2(*reinterpret_cast<PAIR*>(&h), base), s2, z2);
           tw[i] = *reinterpret_cast<unsigned*>(&v);
         }"""
