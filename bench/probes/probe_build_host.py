@@ -5,7 +5,9 @@ bench/results/h200-probe-verify-profile-qwen3_5-9b.txt).
     python bench/probes/probe_build_host.py qwen3.5-9b --layers 8 [--quantize 4] [--batch 4]
     python bench/probes/probe_build_host.py qwen3-8b --draft [--draft-quantize 4]
 Builds a real shape with fewer layers (and a small vocabulary), and runs
-`Target.forward` of a 16-row block through CUDA's wrappers and launch code
+`Target.forward` of a 16-row block after 65 tokens of context (or a batch's
+B rows after 65 + b, their joining evaluated first: only a cycle's graph is
+counted) through CUDA's wrappers and launch code
 (kernels/cuda.py, matmul.py, gdn.py ...) with every `mx.fast.cuda_kernel`
 replaced by a stand-in that returns lazy zeros of the launch's output shapes,
 and the wrappers' GPU checks answered yes. The forward is never evaluated: the time is
@@ -38,11 +40,18 @@ def ragged(target, rows: int):
 
     batch = RaggedCache()
     for b in range(rows):
-        solo = target.make_cache()
-        target.forward(mx.zeros((1, 65 + b), mx.uint32), solo)
-        mx.eval([c.state for c in solo])
-        batch.add(solo)
+        batch.add(prefilled(target, 65 + b))
+    # Joining is done once per row, not per cycle: keep its graph out of the count.
+    mx.eval([c.state for c in batch.layers])
     return batch.layers
+
+
+def prefilled(target, n: int):
+    """One row's caches after a prompt of `n` tokens."""
+    cache = target.make_cache()
+    target.forward(mx.zeros((1, n), mx.uint32), cache)
+    mx.eval([c.state for c in cache])
+    return cache
 
 
 def stub_kernel(**kernel):
@@ -128,10 +137,12 @@ def main():
     if a.draft:
         return draft_pass(a, target)
     tokens = mx.zeros((max(a.batch, 1), a.rows), mx.uint32)
-    batched = ragged(target, a.batch) if a.batch else None
+    # A verify's caches hold context (65 tokens, prefilled by the stock path:
+    # > 64 rows): a fresh cache would take the block path's first-block branch.
+    context = ragged(target, a.batch) if a.batch else prefilled(target, 65)
 
     def build():
-        cache = copy.deepcopy(batched) if batched else target.make_cache()
+        cache = copy.deepcopy(context)
         return lambda: target.forward(tokens, cache)[0]
 
     times, count, prof = timed_builds(build, a.reps, a.profile)
