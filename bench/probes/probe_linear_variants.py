@@ -121,7 +121,7 @@ _WIDE_LOAD = """if ((16 * u) % GS == 0) {
           tw[i] = *reinterpret_cast<unsigned*>(&v);
         }"""
 # 4 bits by shifts and masks, as shipped until the seventeenth session (6
-# instructions a pair; matmul.py's byte permute takes 4, and measured 10-20%
+# instructions a pair; matmul.py's byte permute takes 4, and measured 5-20%
 # faster: h200-probe-linear-prmt4.jsonl, where it ran as `prmt4`). `--variants shift4`.
 _PERMUTE = linear._PACKED4_LOAD[linear._PACKED4_LOAD.index("const unsigned hi[2]"):]
 _SHIFT4_LOAD = linear._PACKED4_LOAD.replace(

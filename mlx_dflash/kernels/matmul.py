@@ -244,7 +244,7 @@ _PACKED_LOAD = """const size_t gi = wrow * (K / GS) + kk / GS;
 # generic path's 4-bit verify slower than bf16's. One PRMT puts byte b of the
 # word and of the word shifted by 4 in the pair's two halves, one LOP3 masks
 # both nibbles and sets MAGIC's exponent: 4 instructions a pair against 6 with
-# shifts and masks, and 10-20% off every packed launch on the H200
+# shifts and masks, and 5-20% off every packed 16-row launch on the H200
 # (bench/results/h200-probe-linear-prmt4.jsonl).
 _PACKED4_LOAD = """const size_t gi = wrow * (K / GS) + kk / GS;
         PAIR s2, z2;
