@@ -13,6 +13,7 @@ context as plain data (live, not a copy: `copy.deepcopy` it to snapshot) and
 restores drafters through these two.
 """
 
+import copy
 import random
 from typing import List, Optional, Protocol, Sequence
 
@@ -45,9 +46,18 @@ class DFlashDrafter:
 
     name = "dflash"
 
-    def __init__(self, draft: DFlashDraft, target: Target):
+    def __init__(
+        self, draft: DFlashDraft, target: Target, vocab: Optional[Sequence[int]] = None
+    ):
+        """`vocab`: the token ids the draft may propose (None: all). The
+        draft's head then reads only their rows of the target's LM head,
+        which at a 49k-150k vocabulary is much of a draft pass's work; the
+        output stays the target's own (a token outside `vocab` is simply
+        never drafted, and the verify finds the target's token there)."""
         self.draft = draft
         self.target = target
+        self.vocab = None if vocab is None else mx.array(sorted(set(vocab)), mx.uint32)
+        self._head = None if vocab is None else target.head_rows(self.vocab)
         self.capture_layers = list(draft.args.target_layer_ids)
         self.mask_token_id = draft.args.mask_token_id
         self.block_size = draft.args.block_size
@@ -58,6 +68,12 @@ class DFlashDrafter:
         self.ready = None
         # (n, [(keys, values) per layer]) that `precommit` made for the next commit.
         self.ready_kv = None
+
+    def fresh(self) -> "DFlashDrafter":
+        """A drafter of the same draft, fitting and vocabulary, with no context."""
+        d = copy.copy(self)
+        d.start(None)
+        return d
 
     def start(self, prompt):
         self.cache, self.ready, self.ready_kv = self.draft.make_cache(), None, None
@@ -97,14 +113,31 @@ class DFlashDrafter:
         block = mx.array([[anchor] + [self.mask_token_id] * n])
         with self.fitting:
             h = self.draft(self.target.embed(block), self.cache)
-        return self.target.logits(h[0, 1:])
+        return self.head(h[0, 1:])
+
+    def head(self, h: mx.array) -> mx.array:
+        """Logits of hidden states `h`: over the whole vocabulary, or over
+        `vocab`'s ids (in their order) with a draft vocabulary."""
+        return self.target.logits(h) if self.vocab is None else self._head(h)
 
     def propose(self, anchor: int, n: int) -> mx.array:
-        return mx.argmax(self._logits(anchor, n), axis=-1)
+        best = mx.argmax(self._logits(anchor, n), axis=-1)
+        # `vocab` is sorted: the first best id is the whole vocabulary's argmax
+        # with the other ids' logits at -inf.
+        return best if self.vocab is None else self.vocab[best]
 
     def propose_sampled(self, anchor: int, n: int, params, key):
         """Draw the draft from q (same transforms as the target); return (tokens, q)."""
-        return sample_draft(self._logits(anchor, n), params, key)
+        logits = self._logits(anchor, n)
+        if self.vocab is not None:  # q over the whole vocabulary, 0 off `vocab`
+            full = mx.full((logits.shape[0], self.target_vocab), -mx.inf, logits.dtype)
+            full[:, self.vocab] = logits
+            logits = full
+        return sample_draft(logits, params, key)
+
+    @property
+    def target_vocab(self) -> int:
+        return self.target.embed_tokens.weight.shape[0]
 
 
 def _shared_drafts(drafters: Sequence[Drafter], counts: Sequence[int]):
@@ -115,7 +148,7 @@ def _shared_drafts(drafters: Sequence[Drafter], counts: Sequence[int]):
     for b, (drafter, n) in enumerate(zip(drafters, counts)):
         d = getattr(drafter, "dflash", None)
         if d is not None and n > 0:
-            groups.setdefault(id(d.draft), []).append((b, d, n))
+            groups.setdefault((id(d.draft), id(d._head)), []).append((b, d, n))
     return [rows for rows in groups.values() if len(rows) > 1]
 
 
@@ -143,7 +176,7 @@ def prefetch(
         ]
         with first.fitting:
             h = first.draft(first.target.embed(block), caches)
-        logits = first.target.logits(h[:, 1:])
+        logits = first.head(h[:, 1:])
         for g, (b, d, n) in enumerate(rows):
             d.ready = (anchors[b], n, logits[g, :n])
 

@@ -167,6 +167,8 @@ def run(args) -> dict:
         "draft_dtype": policy.name if uses_draft else None,
         "draft_dtype_reason": policy.reason if uses_draft else None,
         "draft_quantize": args.draft_quantize if uses_draft else None,
+        # Tokens the drafter may propose (None: the whole vocabulary).
+        "draft_vocab": len(drafter.vocab) if uses_draft and drafter.vocab is not None else None,
         "stats": last.stats.as_dict(),
         "distributed": world.info(),
     }

@@ -12,7 +12,7 @@ import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -178,6 +178,7 @@ def make_drafter(
     *,
     dtype: Optional[mx.Dtype] = None,
     quantize: Optional[int] = None,
+    vocab: str = "auto",
 ) -> Tuple[Optional[Drafter], Optional[int]]:
     """Turn `--draft` into a drafter.
 
@@ -188,6 +189,9 @@ def make_drafter(
         target: the loaded target; DFlash drafters tap its layers.
         dtype: cast the DFlash drafter to this dtype (see `device.draft_dtype`).
         quantize: 4 or 8: quantize the DFlash drafter's Linear layers.
+        vocab: "auto": a DFlash drafter drafts only the ids of its
+          checkpoint's `draft_vocab.json` where it has one; "all": the whole
+          vocabulary.
 
     Returns `(drafter, native_block_size)`; the block size is None when the
     drafter has no preferred one.
@@ -198,11 +202,37 @@ def make_drafter(
         return PromptLookupDrafter(), 1
     if spec == "lookup":
         return PromptLookupDrafter(), None
-    draft = load_draft(draft_path(spec), target=target, dtype=dtype)
+    path = draft_path(spec)
+    draft = load_draft(path, target=target, dtype=dtype)
     if quantize is not None:
         quantize_draft(draft, quantize)
     target.set_capture_layers(draft.args.target_layer_ids)
-    return DFlashDrafter(draft, target), draft.args.block_size
+    ids = read_draft_vocab(path, target) if vocab == "auto" else None
+    return DFlashDrafter(draft, target, ids), draft.args.block_size
+
+
+DRAFT_VOCAB = "draft_vocab.json"
+
+
+def read_draft_vocab(path: Path, target: Target) -> Optional[List[int]]:
+    """The token ids a drafter's checkpoint lets it draft (`draft_vocab.json`:
+    a JSON list of ids, written by `python -m mlx_dflash.train.vocab`), or
+    None where the checkpoint has none (the whole vocabulary)."""
+    f = Path(path) / DRAFT_VOCAB
+    if not f.is_file():
+        return None
+    try:
+        ids = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{f}: not a JSON list of token ids ({e})") from e
+    size = target.embed_tokens.weight.shape[0]
+    if not (
+        isinstance(ids, list)
+        and ids
+        and all(type(i) is int and 0 <= i < size for i in ids)
+    ):
+        raise ValueError(f"{f}: must be a non-empty JSON list of token ids below {size}")
+    return ids
 
 
 def load_drafter(
@@ -211,6 +241,7 @@ def load_drafter(
     *,
     dtype: Optional[mx.Dtype] = None,
     quantize: Optional[int] = None,
+    vocab: str = "auto",
 ) -> Tuple[Drafter, Optional[int], DraftDtype]:
     """`make_drafter` with the draft model in the dtype `device.draft_dtype`
     picks for this device (`dtype`, the `--dtype` flag, wins).
@@ -218,7 +249,9 @@ def load_drafter(
     Returns `(drafter, native_block_size, policy)`.
     """
     policy = draft_dtype(device_info(), backend(), requested=dtype)
-    drafter, native = make_drafter(spec, target, dtype=policy.dtype, quantize=quantize)
+    drafter, native = make_drafter(
+        spec, target, dtype=policy.dtype, quantize=quantize, vocab=vocab
+    )
     return drafter, native, policy
 
 
@@ -250,6 +283,7 @@ def load_pair(
     *,
     dtype: Optional[mx.Dtype] = None,
     draft_quantize: Optional[int] = None,
+    draft_vocab: str = "auto",
     block_size: Optional[int] = None,
     block_linear: Optional[bool] = None,
     attention_kernel: Optional[bool] = None,
@@ -264,6 +298,7 @@ def load_pair(
         dtype: `--dtype`, for the target and the drafter (None: the target
           keeps its weights' dtype, the drafter takes `device.draft_dtype`'s).
         draft_quantize: `--draft-quantize` (4 or 8).
+        draft_vocab: `--draft-vocab` ("auto" or "all"; see `make_drafter`).
         block_size: `--block-size` (see `block_size_for`).
         block_linear, attention_kernel: `Target`'s kernel switches.
         world: the ranks the target is split across (distributed.py); every
@@ -278,7 +313,7 @@ def load_pair(
         world=world,
     )
     drafter, native, policy = load_drafter(
-        spec, target, dtype=dtype, quantize=draft_quantize
+        spec, target, dtype=dtype, quantize=draft_quantize, vocab=draft_vocab
     )
     return Pair(
         target,
@@ -296,6 +331,7 @@ def engine_options(args) -> dict:
     return dict(
         dtype=getattr(mx, args.dtype) if args.dtype else None,
         draft_quantize=args.draft_quantize,
+        draft_vocab=args.draft_vocab,
         block_size=args.block_size,
     )
 
@@ -378,6 +414,15 @@ def add_engine_args(parser):
         default=None,
         help="quantize the DFlash drafter's Linear layers to 4 or 8 bits (group "
         "size 64); output is unchanged, acceptance may drop",
+    )
+    parser.add_argument(
+        "--draft-vocab",
+        choices=["auto", "all"],
+        default="auto",
+        help="auto: a DFlash drafter whose checkpoint lists the tokens it drafts "
+        f"({DRAFT_VOCAB}) computes its logits over those rows of the LM head "
+        "only (the shipped drafter: 15k of 49k); all: the whole vocabulary. "
+        "Output is unchanged either way",
     )
     parser.add_argument(
         "--block-size",

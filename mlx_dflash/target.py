@@ -7,6 +7,7 @@ kernels are one `kernels.BlockPath`, chosen once; its `Fitting` puts their
 wrappers on the instance only inside `forward`.
 """
 
+import copy
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence
 
@@ -351,6 +352,21 @@ class Target:
         if group is not None:
             logits = gather_last_axis(logits, group)
         return logits
+
+    def head_rows(self, ids: mx.array):
+        """The LM head restricted to the vocabulary rows `ids` (sorted token
+        ids): a function of hidden states to logits over `ids`, for a
+        drafter's reduced vocabulary. Reads len(ids) of the head's rows
+        instead of all of them; stock products (not the block path)."""
+        if getattr(self.lm, "sharding_group", None) is not None:
+            raise ValueError("a draft vocabulary needs the whole LM head on every rank")
+        m = self.lm.lm_head if "lm_head" in self.lm else self.embed_tokens
+        rows = copy.copy(m)  # same class and settings (bits, group size, mode)
+        for name in ("weight", "scales", "biases", "bias"):
+            if name in m:
+                rows[name] = m[name][ids]
+        mx.eval(rows.parameters())
+        return rows if "lm_head" in self.lm else rows.as_linear
 
     def embed(self, tokens: mx.array) -> mx.array:
         return self.embed_tokens(tokens)

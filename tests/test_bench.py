@@ -4,6 +4,7 @@ import argparse
 import json
 import struct
 from dataclasses import replace
+from pathlib import Path
 
 import mlx.core as mx
 import pytest
@@ -410,8 +411,10 @@ def test_cli_temperatures_end_to_end(tmp_path, capsys):
 
 
 def test_cli_quantized_drafts_and_fallback(tmp_path):
-    """`DIR@q8`/`DIR@q4` arms quantize the checkpoint; `--fallback` keeps outputs exact."""
+    """`DIR@q8`/`DIR@q4` arms quantize the checkpoint, `@full` ignores its
+    draft vocabulary; `--fallback` keeps outputs exact."""
     d = save_tiny_shape_draft(tmp_path / "draft")
+    (Path(d) / "draft_vocab.json").write_text(json.dumps(list(range(0, 1024, 2))))
     cli.main(
         [
             "--shape",
@@ -419,7 +422,7 @@ def test_cli_quantized_drafts_and_fallback(tmp_path):
             "--dtype",
             "float32",
             "--draft",
-            f"{d},{d}@q8,{d}@q4",
+            f"{d},{d}@q8,{d}@q4,{d}@full,{d}@q4@full",
             "--fallback",
             "--suites",
             "code",
@@ -440,7 +443,7 @@ def test_cli_quantized_drafts_and_fallback(tmp_path):
     res = json.loads((tmp_path / "q.json").read_text())
     arms = res["cases"][0]["arms"]
     names = [a for a in arms if a.startswith("draft")]
-    assert names == ["draft", "draft@q8", "draft@q4"]
+    assert names == ["draft", "draft@q8", "draft@q4", "draft@full", "draft@q4@full"]
     for name in names:
         assert arms[name]["token_match"]["equal_pct"] == 100.0
 

@@ -17,7 +17,7 @@ from models import tiny_model
 
 from mlx_dflash import sampling
 from mlx_dflash.decode import generate_step
-from mlx_dflash.drafters import OracleDrafter
+from mlx_dflash.drafters import DFlashDrafter, OracleDrafter
 from mlx_dflash.sampling import SamplingParams
 from mlx_dflash.target import Target
 
@@ -39,9 +39,13 @@ def model():
 def test_joint_distribution_matches_target(model, setting):
     params = SETTINGS[setting]
     target = Target(model)
-    # A drafter with its own distribution q (DFlash) and a one-hot one (oracle).
+    # Drafters with their own distribution q (DFlash) and a one-hot one (oracle).
     greedy = [t for t, _ in stock_generate_step(mx.array(PROMPT), model, max_tokens=8)]
-    drafters = [small_drafter(target), OracleDrafter(PROMPT + greedy, vocab_size=V)]
+    dflash = small_drafter(target)
+    # With a draft vocabulary q is 0 off its ids; the target's own tokens there
+    # come from the residual only.
+    narrow = DFlashDrafter(dflash.draft, target, [1, 2, 4, 7])
+    drafters = [dflash, narrow, OracleDrafter(PROMPT + greedy, vocab_size=V)]
     joint = exact_joint(model, params)
     for drafter in drafters:
         counts = sample_counts(target, drafter, params, SAMPLES // 2)

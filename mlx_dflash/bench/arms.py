@@ -29,6 +29,10 @@ from .runner import Arm
 from .shapes import build_draft, build_target, draft_for_target
 from .zlab import PREFIX as ZLAB, make_zlab_arm
 
+# A checkpoint arm's suffix: draft over the whole vocabulary, not the
+# checkpoint's draft_vocab.json (load.read_draft_vocab).
+FULL_VOCAB = "@full"
+
 
 def _on(choice: str, flag: str = "--block-linear"):
     if choice not in ("auto", "on", "off"):
@@ -118,17 +122,19 @@ def make_arms(args, target, vocab, make_draft):
             # As `load_pair` loads it for `generate` and `serve`: the drafter
             # in the device's dtype, the flag's block size over its own.
             dtype = getattr(mx, args.dtype) if args.dtype else None
-            path, _, q = spec.partition("@q")
+            full = spec.endswith(FULL_VOCAB)
+            vocab = "all" if full else "auto"
+            path, _, q = spec[: len(spec) - len(FULL_VOCAB) * full].partition("@q")
             drafter, native, _ = load_drafter(
-                path, target, dtype=dtype, quantize=int(q) if q else None
+                path, target, dtype=dtype, quantize=int(q) if q else None, vocab=vocab
             )
             if isinstance(drafter, DFlashDrafter):
-                # Fresh drafter state around the weights loaded once.
-                make = lambda ref, d=drafter.draft: DFlashDrafter(d, target)
+                # Fresh drafter state around the weights (and head rows) loaded once.
+                make = lambda ref, d=drafter: d.fresh()
             else:
                 make = lambda ref, path=path: load_drafter(path, target)[0]
 
-            name = Path(path).name + (f"@q{q}" if q else "")
+            name = Path(path).name + (f"@q{q}" if q else "") + (FULL_VOCAB if vocab == "all" else "")
             arms.append(Arm(name, make, block_size_for(args.block_size, native)))
     if args.fallback:
         for arm in arms:

@@ -96,7 +96,9 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=["engine"],
         help="comma list of: engine (real-size random DFlash forward + oracle tokens at --tau), "
         "lookup (prompt lookup), or a DFlash checkpoint directory; append @q8 or @q4 "
-        "to a checkpoint to quantize its Linear layers (e.g. DIR,DIR@q8,DIR@q4); "
+        "to a checkpoint to quantize its Linear layers (e.g. DIR,DIR@q8,DIR@q4), and "
+        "@full to draft over the whole vocabulary instead of its draft_vocab.json "
+        "(e.g. DIR,DIR@full); "
         "zlab:DIR runs z-lab's reference loop (dflash.model_mlx.stream_generate; "
         "pip install --no-deps dflash==0.1.0) with that checkpoint on its own copy "
         "of the target (e.g. DIR,zlab:DIR)",

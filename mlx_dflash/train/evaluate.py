@@ -59,6 +59,13 @@ def add_eval_args(p):
         help="seconds: suites not started by then are skipped (listed)",
     )
     p.add_argument("--eval-json", default=None, help="also write the result to this file")
+    p.add_argument(
+        "--draft-vocab",
+        choices=["auto", "all"],
+        default="auto",
+        help="as generate's: auto drafts over the checkpoint's draft_vocab.json where "
+        "it has one, all over the whole vocabulary",
+    )
 
 
 def natural_held_out(per_category: Optional[int] = None) -> List[Prompt]:
@@ -84,14 +91,22 @@ def long_context_prompts(tokenizer, lengths: Sequence[int], per_length: int, see
     }
 
 
+def as_drafter(draft, target):
+    """A fresh `DFlashDrafter` of `draft`: a draft model (whole vocabulary),
+    or a drafter, copied with its draft vocabulary and no context."""
+    from ..drafters import DFlashDrafter
+
+    return draft.fresh() if isinstance(draft, DFlashDrafter) else DFlashDrafter(draft, target)
+
+
 def decode_tau(target, draft, prompt_ids, *, max_tokens, stop_tokens, temperature=0.0, seed=0):
-    """(stats, identical) of one DFlash run; `identical` compares a greedy
-    run's output with mlx_lm's greedy `generate_step` (None when sampled)."""
+    """(stats, identical) of one DFlash run of `draft` (a draft model or a
+    `DFlashDrafter`: `as_drafter`); `identical` compares a greedy run's
+    output with mlx_lm's greedy `generate_step` (None when sampled)."""
     import mlx.core as mx
     from mlx_lm.generate import generate_step as mlx_generate_step
 
     from ..decode import generate_step
-    from ..drafters import DFlashDrafter
     from ..sampling import SamplingParams
 
     s = SpecStats(DEFAULT_BLOCK_SIZE)
@@ -101,7 +116,7 @@ def decode_tau(target, draft, prompt_ids, *, max_tokens, stop_tokens, temperatur
         for t, _ in generate_step(
             target,
             list(prompt_ids),
-            DFlashDrafter(draft, target),
+            as_drafter(draft, target),
             max_tokens=max_tokens,
             block_size=DEFAULT_BLOCK_SIZE,
             stop_tokens=stop_tokens,
@@ -128,7 +143,7 @@ def _summary(stats: SpecStats, n: int, identical) -> dict:
 
 def run_suite(target, draft, tokenizer, prompts: Sequence[Prompt], *, max_tokens, temperature=0.0, seed=0) -> dict:
     """Pooled tau over `prompts` and per category (`Prompt.kind`)."""
-    target.set_capture_layers(draft.args.target_layer_ids)
+    target.set_capture_layers(as_drafter(draft, target).capture_layers)
     stops = sorted(tokenizer.eos_token_ids)
     total, cats, same = SpecStats(DEFAULT_BLOCK_SIZE), {}, True
     for i, p in enumerate(prompts):
@@ -237,21 +252,23 @@ def eval_only(a):
 
     path = Path(a.out or DEFAULT_DRAFT)
     dtype = getattr(mx, a.dtype) if a.dtype else None
-    pair = load_pair(a.model, str(path), dtype=dtype)
+    pair = load_pair(a.model, str(path), dtype=dtype, draft_vocab=a.draft_vocab)
     sets = set(a.eval_sets.split(","))
     if not sets <= {"natural", "long", "old"}:
         raise SystemExit(f"error: --eval-sets {a.eval_sets}: use natural, long, old")
     a.eval_sets = sets
+    # Ids the drafter may propose (None: the whole vocabulary), as `generate --json`.
+    vocab_size = None if pair.drafter.vocab is None else len(pair.drafter.vocab)
     if sets == {"old"}:  # the recorded figures' format
-        result = {"draft": str(path), **held_out_tau(pair.target, pair.tokenizer, pair.drafter.draft, a)}
+        result = {"draft": str(path), "draft_vocab": vocab_size, **held_out_tau(pair.target, pair.tokenizer, pair.drafter, a)}
     else:
         from .evaluate import evaluate
 
         try:
-            ev = evaluate(pair.target, pair.drafter.draft, pair.tokenizer, a)
+            ev = evaluate(pair.target, pair.drafter, pair.tokenizer, a)
         except ValueError as e:
             raise SystemExit(f"error: {e}")
-        result = {"draft": str(path), **ev}
+        result = {"draft": str(path), "draft_vocab": vocab_size, **ev}
     print(json.dumps(result))
     if a.eval_json:
         Path(a.eval_json).write_text(json.dumps(result, indent=1))

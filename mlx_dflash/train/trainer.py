@@ -367,7 +367,7 @@ def train(
 
 def evaluate_tau(
     target,
-    draft: DFlashDraft,
+    draft,
     prompts: Sequence[Sequence[int]],
     *,
     max_tokens: int = 128,
@@ -377,6 +377,8 @@ def evaluate_tau(
 ):
     """Mean tau of greedy DFlash decoding on `prompts`, checked against plain greedy.
 
+    `draft`: a draft model, or a `DFlashDrafter` (with its draft vocabulary).
+
     Returns `(stats, per-prompt taus, identical)`: `stats` is a `SpecStats` over
     all cycles (its `tau` is the mean accepted length per cycle); `identical`
     says every output equalled mlx_lm's own greedy `generate_step`.
@@ -384,15 +386,15 @@ def evaluate_tau(
     from mlx_lm.generate import generate_step as mlx_generate_step
 
     from ..decode import generate_step
-    from ..drafters import DFlashDrafter
     from ..stats import SpecStats
+    from .evaluate import as_drafter
 
-    target.set_capture_layers(draft.args.target_layer_ids)
+    target.set_capture_layers(as_drafter(draft, target).capture_layers)
     stats = SpecStats(block_size)
     taus, identical = [], True
     for p in prompts:
         s = SpecStats(block_size)
-        drafter = DFlashDrafter(draft, target)
+        drafter = as_drafter(draft, target)
         out = [
             t
             for t, _ in generate_step(
