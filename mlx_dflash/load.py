@@ -190,8 +190,8 @@ def make_drafter(
         dtype: cast the DFlash drafter to this dtype (see `device.draft_dtype`).
         quantize: 4 or 8: quantize the DFlash drafter's Linear layers.
         vocab: "auto": a DFlash drafter drafts only the ids of its
-          checkpoint's `draft_vocab.json` where it has one; "all": the whole
-          vocabulary.
+          checkpoint's `draft_vocab.json` where it has one (and the target's
+          LM head is not split across ranks); "all": the whole vocabulary.
 
     Returns `(drafter, native_block_size)`; the block size is None when the
     drafter has no preferred one.
@@ -208,6 +208,9 @@ def make_drafter(
         quantize_draft(draft, quantize)
     target.set_capture_layers(draft.args.target_layer_ids)
     ids = read_draft_vocab(path, target) if vocab == "auto" else None
+    if ids is not None and target.head_sharded:
+        # Each rank holds a slice of the head's rows: draft over all of them.
+        ids = None
     return DFlashDrafter(draft, target, ids), draft.args.block_size
 
 

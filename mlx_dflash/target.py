@@ -348,17 +348,21 @@ class Target:
         `shard`: `lm.sharding_group`) is gathered, as the model's own
         `__call__` does, so every rank decides on the whole vocabulary."""
         logits = self.fitting.logits(h, self.head)
-        group = getattr(self.lm, "sharding_group", None)
-        if group is not None:
-            logits = gather_last_axis(logits, group)
+        if self.head_sharded:
+            logits = gather_last_axis(logits, self.lm.sharding_group)
         return logits
+
+    @property
+    def head_sharded(self) -> bool:
+        """The LM head is split by vocabulary across ranks (mlx_lm's `shard`)."""
+        return getattr(self.lm, "sharding_group", None) is not None
 
     def head_rows(self, ids: mx.array):
         """The LM head restricted to the vocabulary rows `ids` (sorted token
         ids): a function of hidden states to logits over `ids`, for a
         drafter's reduced vocabulary. Reads len(ids) of the head's rows
         instead of all of them; stock products (not the block path)."""
-        if getattr(self.lm, "sharding_group", None) is not None:
+        if self.head_sharded:
             raise ValueError("a draft vocabulary needs the whole LM head on every rank")
         m = self.lm.lm_head if "lm_head" in self.lm else self.embed_tokens
         rows = copy.copy(m)  # same class and settings (bits, group size, mode)

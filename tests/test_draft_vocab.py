@@ -141,3 +141,15 @@ def test_eval_only_drafts_over_the_checkpoints_vocabulary_unless_all(model_dir, 
     drafter = make_drafter(draft_dir, target)[0]
     copy = as_drafter(drafter, target)
     assert copy is not drafter and copy.vocab.tolist() == drafter.vocab.tolist()
+
+
+def test_a_head_split_across_ranks_drafts_over_the_whole_vocabulary(draft_dir):
+    """Under `mlx.launch` with a head split by vocabulary (mlx_lm's `shard`),
+    each rank holds only a slice of the rows: `auto` drafts over all ids."""
+    (Path(draft_dir) / DRAFT_VOCAB).write_text(json.dumps([3, 7, 95]))
+    target = Target(tiny_model("qwen3"))
+    target.lm.sharding_group = object()  # what mlx_lm's shard sets on the model
+    assert target.head_sharded
+    assert make_drafter(draft_dir, target)[0].vocab is None
+    with pytest.raises(ValueError, match="whole LM head"):
+        DFlashDrafter(make_drafter(draft_dir, target)[0].draft, target, [3, 7])
