@@ -424,7 +424,7 @@ def add_engine_args(parser):
         default="auto",
         help="auto: a DFlash drafter whose checkpoint lists the tokens it drafts "
         f"({DRAFT_VOCAB}) computes its logits over those rows of the LM head "
-        "only (the shipped drafter: 15k of 49k); all: the whole vocabulary. "
+        "only (the shipped drafter: 21k of 49k); all: the whole vocabulary. "
         "Output is unchanged either way",
     )
     parser.add_argument(
