@@ -134,7 +134,7 @@ def make_arms(args, target, vocab, make_draft):
             else:
                 make = lambda ref, path=path: load_drafter(path, target)[0]
 
-            name = Path(path).name + (f"@q{q}" if q else "") + (FULL_VOCAB if vocab == "all" else "")
+            name = Path(path).name + (f"@q{q}" if q else "") + (FULL_VOCAB if full else "")
             arms.append(Arm(name, make, block_size_for(args.block_size, native)))
     if args.fallback:
         for arm in arms:

@@ -27,14 +27,18 @@ from typing import Iterable, List, Sequence
 from .agent_context import _read, stdlib_files
 
 
+def special_ids(tokenizer) -> set:
+    """The tokenizer's special tokens (end of sequence, chat markers): every
+    draft vocabulary keeps them."""
+    ids = set(getattr(tokenizer, "all_special_ids", []) or [])
+    return ids | set(getattr(tokenizer, "eos_token_ids", []) or [])
+
+
 def corpus_vocab(tokenizer, texts: Iterable[str], min_count: int = 1) -> List[int]:
     """Sorted ids of the tokens seen at least `min_count` times in `texts`,
-    with the tokenizer's special tokens (end of sequence, chat markers)."""
+    with the tokenizer's special tokens."""
     counts = Counter(i for t in texts for i in tokenizer.encode(t))
-    ids = {i for i, c in counts.items() if c >= min_count}
-    ids |= set(getattr(tokenizer, "all_special_ids", []) or [])
-    ids |= set(getattr(tokenizer, "eos_token_ids", []) or [])
-    return sorted(ids)
+    return sorted({i for i, c in counts.items() if c >= min_count} | special_ids(tokenizer))
 
 
 def response_vocab(tokenizer, data_paths: Sequence[str]) -> List[int]:
@@ -53,7 +57,7 @@ def response_vocab(tokenizer, data_paths: Sequence[str]) -> List[int]:
         for s, e in zip(starts, d.offsets[1:]):
             keep[s:e] = True
         ids |= set(np.unique(d.tokens[keep]).tolist())
-    return sorted(ids | set(corpus_vocab(tokenizer, [])))
+    return sorted(ids | special_ids(tokenizer))
 
 
 def training_texts() -> List[str]:
