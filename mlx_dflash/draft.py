@@ -427,7 +427,7 @@ def check_against_target(args: DraftArgs, target) -> None:
                 f"draft target_layer_ids entry {i} is out of range for a "
                 f"{target.num_layers}-layer target"
             )
-    vocab = target.embed_tokens.weight.shape[0]
+    vocab = target.vocab_size
     if not 0 <= args.mask_token_id < vocab:
         raise ValueError(
             f"draft mask_token_id {args.mask_token_id} is outside the target "

@@ -130,14 +130,10 @@ class DFlashDrafter:
         """Draw the draft from q (same transforms as the target); return (tokens, q)."""
         logits = self._logits(anchor, n)
         if self.vocab is not None:  # q over the whole vocabulary, 0 off `vocab`
-            full = mx.full((logits.shape[0], self.target_vocab), -mx.inf, logits.dtype)
+            full = mx.full((logits.shape[0], self.target.vocab_size), -mx.inf, logits.dtype)
             full[:, self.vocab] = logits
             logits = full
         return sample_draft(logits, params, key)
-
-    @property
-    def target_vocab(self) -> int:
-        return self.target.embed_tokens.weight.shape[0]
 
 
 def _shared_drafts(drafters: Sequence[Drafter], counts: Sequence[int]):

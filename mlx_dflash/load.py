@@ -228,7 +228,7 @@ def read_draft_vocab(path: Path, target: Target) -> Optional[List[int]]:
         ids = json.loads(f.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{f}: not a JSON list of token ids ({e})") from e
-    size = target.embed_tokens.weight.shape[0]
+    size = target.vocab_size
     if not (
         isinstance(ids, list)
         and ids

@@ -179,6 +179,7 @@ class Target:
             self.hidden_size = (
                 self.embed_tokens.weight.shape[-1] * 32 // self.embed_tokens.bits
             )
+        self.vocab_size = self.embed_tokens.weight.shape[0]  # rows, packed or not
         self.kinds = [self._kind(_unwrap(l)) for l in self.layers]
         self.delta_taps: dict = {}
         self._layer_taps: List[Tap] = []
