@@ -32,6 +32,45 @@ def test_folded_attention_equals_fused(heads, kv_heads, masked):
     assert mx.allclose(ours, ref, atol=1e-5).item()
 
 
+@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (6, 2), (3, 3)])
+@pytest.mark.parametrize("L", [1, 5])
+@pytest.mark.parametrize("masked", ["bool", "additive"])
+def test_folded_attention_with_per_row_masks_equals_fused(heads, kv_heads, L, masked):
+    """Rows of their own visible keys (a left-padded batch's, as the data
+    generator decodes): a (B, 1, L, S) mask."""
+    mx.random.seed(1)
+    B, S, D = 3, 40, 16
+    q = mx.random.normal((B, heads, L, D))
+    k = mx.random.normal((B, kv_heads, S, D))
+    v = mx.random.normal((B, kv_heads, S, D))
+    pad = mx.array([0, 7, 23])[:, None, None]
+    keys = mx.arange(S)[None, None]
+    query = mx.arange(S - L, S)[None, :, None]
+    mask = ((keys >= pad) & (keys <= query))[:, None]
+    if masked == "additive":
+        mask = additive(mask, q.dtype)
+    ours = folded_attention(q, k, v, D**-0.5, mask)
+    ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=D**-0.5, mask=mask)
+    assert ours.shape == ref.shape
+    assert mx.allclose(ours, ref, atol=1e-5).item()
+
+
+def test_data_generator_steps_take_the_fold_and_leave_the_model_stock():
+    from mlx_dflash.kernels import attention
+    from mlx_dflash.train.data import greedy_batch
+
+    target = Target(tiny_model("llama"))
+    calls = []
+    fold = attention.folded_attention
+    attention.folded_attention = lambda *a, **k: calls.append(1) or fold(*a, **k)
+    try:
+        greedy_batch(target, [[5, 6, 7], [8, 9, 10, 11, 12]], stop_tokens=[], max_tokens=4)
+    finally:
+        attention.folded_attention = fold
+    assert len(calls) == 3 * len(target.layers)  # the 3 one-token steps
+    assert all(type(l.self_attn).__name__ == "Attention" for l in target.layers)
+
+
 def test_foldable_takes_only_blocks_at_long_context():
     q16 = mx.zeros((1, 4, 16, 8))
     k = mx.zeros((1, 2, 512, 8))

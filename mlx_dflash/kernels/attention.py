@@ -16,13 +16,15 @@ Only layer classes whose forward the wrapper mirrors line for line are wrapped
 q/k/v launch and flash.py's attention need one (cuda.py's).
 """
 
+import math
+from contextlib import contextmanager
 from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..cache import MAX_BLOCK
-from ..wrapper import Wrapper, class_name
+from ..cache import MAX_BLOCK, PaddedBatchKVCache
+from ..wrapper import Wrapper, class_name, innermost
 from . import flash
 from .linear import fusable, stock
 from .matmul import Fits, weight_of
@@ -42,17 +44,19 @@ def folded_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask):
     """softmax(scale * q k^T, masked) v with the query heads that share a KV head
     stacked on the query axis: one (rep*L x S) product per KV head, K/V read once.
 
-    q: (B, H, L, D); k, v: (B, Hk, S, D); mask: None, or an (L, S) array:
-    boolean (True = visible) or additive.
+    q: (B, H, L, D); k, v: (B, Hk, S, D); mask: None, or an (L, S) or a
+    per-row (B, 1, L, S) array: boolean (True = visible) or additive.
     """
     B, H, L, D = q.shape
     Hk = k.shape[1]
     rep = H // Hk
     s = (q * scale).reshape(B, Hk, rep * L, D) @ k.swapaxes(-1, -2)
+    if mask is not None and L > 1:  # row r * L + i of a KV head is query i
+        mask = mx.tile(mask, (rep, 1) if mask.ndim == 2 else (1, 1, rep, 1))
     if mask is not None and mask.dtype == mx.bool_:
-        s = mx.where(mx.tile(mask, (rep, 1)), s, mx.finfo(s.dtype).min)
+        s = mx.where(mask, s, mx.finfo(s.dtype).min)
     elif mask is not None:
-        s = s + mx.tile(mask, (rep, 1))
+        s = s + mask
     p = mx.softmax(s, axis=-1, precise=True)
     return (p @ v).reshape(B, H, L, v.shape[-1])
 
@@ -72,13 +76,14 @@ def block_attention(q, k, v, scale: float, mask, from_keys: float) -> mx.array:
 
 
 def attend(
-    a: nn.Module, q, k, v, mask, cache, from_keys: float, ops=None, kernel=None
+    a: nn.Module, q, k, v, mask, cache, from_keys: float, ops=None, kernel=None, fold=False
 ) -> mx.array:
     """Mirrored layer `a`'s attention from its q/k/v projections (B, L, ·) to
     the input of its o_proj: per-head norms, RoPE, cache update, attention.
     With `kernel` (`a`'s `flash.Params`), in the backend `ops`' flash.py
     launches where they apply (the block's mask is then the bucket's causal
-    one, which they compute from the cache's offset)."""
+    one, which they compute from the cache's offset); with `fold`, always
+    `folded_attention`."""
     if kernel is not None and ops.attention_applies(kernel, q, cache):
         norms = (a.q_norm.weight, a.k_norm.weight) if "q_norm" in a else None
         return ops.attend(kernel, q, k, v, cache, norms)
@@ -91,7 +96,10 @@ def attend(
     q = a.rope(q.transpose(0, 2, 1, 3), offset=cache.offset)
     k = a.rope(k.transpose(0, 2, 1, 3), offset=cache.offset)
     k, v = cache.update_and_fetch(k, v)
-    out = block_attention(q, k, v, a.scale, mask, from_keys)
+    if fold:
+        out = folded_attention(q, k, v, a.scale, mask)
+    else:
+        out = block_attention(q, k, v, a.scale, mask, from_keys)
     return out.transpose(0, 2, 1, 3).reshape(B, L, -1)
 
 
@@ -167,3 +175,37 @@ def wrap_attention(
     if class_name(attn) not in MIRRORED:
         return None
     return BlockAttention(attn, from_keys, ops, fuse_qkv, kernel)
+
+
+class FoldedSteps(Wrapper):
+    """One mirrored attention instance's one-token steps over a
+    `PaddedBatchKVCache` (the training data generator's batched decoding) in
+    `folded_attention`: MLX CUDA (0.32) runs a masked one-query attention as a
+    batched gemv per query head, reading each KV head's keys once per query
+    head sharing them (50 of a 60 ms step of 1024 rows at 768 keys on an H200:
+    bench/results/h200-ncu-gen-step.txt). Every other call goes to the layer."""
+
+    def __call__(self, x: mx.array, mask=None, cache=None):
+        a = self.inner
+        if x.shape[1] != 1 or not isinstance(cache, PaddedBatchKVCache):
+            return a(x, mask=mask, cache=cache)
+        q, k, v = a.q_proj(x), a.k_proj(x), a.v_proj(x)
+        return a.o_proj(attend(a, q, k, v, mask, cache, math.inf, fold=True))
+
+
+@contextmanager
+def folded_steps(layers):
+    """`FoldedSteps` over the mirrored attention of each of the decoder
+    `layers` (under their wrappers) while the block runs."""
+    put = []
+    for layer in layers:
+        inner = innermost(layer)
+        attn = inner.get("self_attn", None) if isinstance(inner, dict) else None
+        if attn is not None and class_name(attn) in MIRRORED:
+            inner["self_attn"] = FoldedSteps(attn)
+            put.append((inner, attn))
+    try:
+        yield
+    finally:
+        for inner, attn in put:
+            inner["self_attn"] = attn

@@ -15,6 +15,7 @@ import numpy as np
 from mlx_lm.models.cache import KVCache
 
 from ..cache import PaddedBatchKVCache
+from ..kernels.attention import folded_steps
 from .prompts import build_prompts, encode  # noqa: F401 - cli.py imports them here
 
 
@@ -213,37 +214,39 @@ def greedy_batch(
     out = np.zeros((R, max_tokens), dtype=np.int64)
     length = np.zeros(R, dtype=np.int64)  # 0 while a row runs
     slots = np.arange(R)  # the prompt each batch row decodes
-    for c0 in range(0, P - prefill_chunk, prefill_chunk):
-        target.forward(mx.array(tokens[:, c0 : c0 + prefill_chunk]), cache, last_only=True)
-        mx.eval([c.keys for c in cache])
-    c0 = max(0, (P - 1) // prefill_chunk * prefill_chunk)
-    y = step(mx.array(tokens[:, c0:]))
-    mx.async_eval(y)
-    for t in range(max_tokens):
-        # Queue step t+1 before reading step t: the host waits once per step.
-        nxt = step(y[:, None]) if t + 1 < max_tokens else None
-        if nxt is not None:
-            mx.async_eval(nxt)
-        tok = np.array(y)
-        live = length[slots] == 0
-        rows = slots[live]
-        out[rows, t] = tok[live]
-        length[rows[np.isin(tok[live], stops)]] = t + 1
-        running = length[slots] == 0
-        if not running.any() or nxt is None:
-            break
-        if deadline is not None and time.perf_counter() > deadline:
-            break
-        if running.sum() <= len(slots) // 2 and len(slots) > min_rows:
-            # Fill up to a power of two with finished rows (their output is ignored).
-            keep = np.flatnonzero(running)
-            size = max(min_rows, 1 << int(len(keep) - 1).bit_length())
-            keep = np.concatenate([keep, np.flatnonzero(~running)[: size - len(keep)]])
-            idx = mx.array(keep)
-            for c in cache:
-                c.filter(idx)
-            nxt, slots = nxt[idx], slots[keep]
-        y = nxt
+    # One-token steps attend in the fold (`FoldedSteps`); prefill chunks as stock.
+    with folded_steps(target.layers):
+        for c0 in range(0, P - prefill_chunk, prefill_chunk):
+            target.forward(mx.array(tokens[:, c0 : c0 + prefill_chunk]), cache, last_only=True)
+            mx.eval([c.keys for c in cache])
+        c0 = max(0, (P - 1) // prefill_chunk * prefill_chunk)
+        y = step(mx.array(tokens[:, c0:]))
+        mx.async_eval(y)
+        for t in range(max_tokens):
+            # Queue step t+1 before reading step t: the host waits once per step.
+            nxt = step(y[:, None]) if t + 1 < max_tokens else None
+            if nxt is not None:
+                mx.async_eval(nxt)
+            tok = np.array(y)
+            live = length[slots] == 0
+            rows = slots[live]
+            out[rows, t] = tok[live]
+            length[rows[np.isin(tok[live], stops)]] = t + 1
+            running = length[slots] == 0
+            if not running.any() or nxt is None:
+                break
+            if deadline is not None and time.perf_counter() > deadline:
+                break
+            if running.sum() <= len(slots) // 2 and len(slots) > min_rows:
+                # Fill up to a power of two with finished rows (their output is ignored).
+                keep = np.flatnonzero(running)
+                size = max(min_rows, 1 << int(len(keep) - 1).bit_length())
+                keep = np.concatenate([keep, np.flatnonzero(~running)[: size - len(keep)]])
+                idx = mx.array(keep)
+                for c in cache:
+                    c.filter(idx)
+                nxt, slots = nxt[idx], slots[keep]
+            y = nxt
     length[length == 0] = t + 1
     return [out[r, : length[r]].tolist() for r in range(R)]
 
