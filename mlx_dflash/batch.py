@@ -35,6 +35,7 @@ from .fallback import Fallback
 from .ragged import RaggedCache, RaggedKVCache
 from .rollback import rollback, rollback_row, rollback_rows, snapshot
 from .sampling import SamplingParams
+from .starts import together
 from .stats import SpecStats
 from .target import Target
 
@@ -263,8 +264,10 @@ class Batch:
             # more); each row's commit takes its own.
             precommit([r.decoding.drafter for r in rows], kept, features)
         out = []
+        with together():  # the rows' context K/V, started in one call
+            for b, (r, c, v) in enumerate(zip(rows, cycles, verdicts)):
+                r.decoding.record(c, v, None if features is None else features[b : b + 1])
         for b, (r, c, v) in enumerate(zip(rows, cycles, verdicts)):
-            r.decoding.record(c, v, None if features is None else features[b : b + 1])
             outputs = list(r.decoding.hand_out(v))
             if r.outbox is not None:
                 assert not r.outbox, "a row's outputs were not taken before a cycle"
@@ -286,8 +289,9 @@ class Batch:
             return
         ds = [r.decoding for r in rows]
         prefetch([d.drafter for d in ds], [d.y for d in ds], [d.draft_size() for d in ds])
-        for r in rows:
-            r.cycle = r.decoding.propose()
+        with together():  # every row's draft started in one call
+            for r in rows:
+                r.cycle = r.decoding.propose()
 
     def steps(
         self,

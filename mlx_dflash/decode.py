@@ -22,6 +22,7 @@ from .drafters import Drafter
 from .fallback import Fallback, FallbackState, PlainStretch
 from .rollback import hold, put_back, rollback, snapshot
 from .sampling import SamplingParams, log_weights, pick, speculative_accept
+from .starts import start_eval
 from .stats import SpecStats
 from .target import Target
 
@@ -287,7 +288,7 @@ class Decoding:
             probe = self.drafter.propose(self.y, fb.probe - 1)
         pending = [x for x in (draft, q, probe) if x is not None and x.size]
         if pending:
-            mx.async_eval(pending)
+            start_eval(pending)
         return Cycle(plain, draft, q, probe, k_accept)
 
     def draft_size(self) -> int:

@@ -21,6 +21,7 @@ import mlx.core as mx
 
 from .draft import DFlashDraft, StackedContext
 from .sampling import sample_draft
+from .starts import start_eval
 from .target import Target
 
 
@@ -89,7 +90,7 @@ class DFlashDrafter:
                 self.draft.append_context(features, self.cache)
         # Start it now: the step that committed pays for it, not the next
         # proposal (whose time the fallback weighs).
-        mx.async_eval([c.state for c in self.cache])
+        start_eval([c.state for c in self.cache])
 
     def trim(self, n):
         self.ready = self.ready_kv = None
