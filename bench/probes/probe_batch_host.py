@@ -31,15 +31,23 @@ def main():
     p.add_argument("--max-tokens", type=int, default=192)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--top", type=int, default=30)
+    p.add_argument("--ways", default="together,per-row",
+                   help="together: the rows' starts in one mx.async_eval (as shipped); "
+                   "per-row: one per row (starts.together off)")
     a = p.parse_args()
     from mlx_lm.generate import generate_step as stock_step
 
+    from contextlib import nullcontext
+
+    from mlx_dflash import batch as batch_mod
     from mlx_dflash.batch import Batch
     from mlx_dflash.bench.engine import make_engine_drafter
 
     model, target, draft, vocab = engine_shape(a.shape, getattr(mx, a.dtype))
     tables = {}
-    for c in [int(x) for x in a.rows.split(",")]:
+    shipped = batch_mod.together
+    for way, c in [(w, int(x)) for x in a.rows.split(",") for w in a.ways.split(",")]:
+        batch_mod.together = shipped if way == "together" else nullcontext
         prompts = [[(31 * i + 7 * j) % 900 + 1 for j in range(64 + 16 * i)] for i in range(c)]
         refs = [
             p + [t for t, _ in stock_step(mx.array(p), model, max_tokens=a.max_tokens)]
@@ -74,10 +82,11 @@ def main():
         per = {}
         for (f, line, name), (cc, nc, tt, ct, _) in table.items():
             per[f"{name} ({f.rsplit('/', 1)[-1]}:{line})"] = (tt * 1e3 / n, nc / n)
-        tables[c] = per
+        if way == a.ways.split(",")[0]:
+            tables[c] = per
         steps.sort()
         print(json.dumps({
-            "shape": a.shape, "rows": c, "cycles": len(steps),
+            "shape": a.shape, "way": way, "rows": c, "cycles": len(steps),
             "wall_ms_median": round(steps[len(steps) // 2] * 1e3, 3),
             "profiled_ms_per_cycle": round(sum(psteps) * 1e3 / n, 3),
         }), flush=True)
