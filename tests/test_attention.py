@@ -15,6 +15,18 @@ from mlx_dflash.target import Target
 MIRRORED_FAMILIES = ["llama", "qwen2", "qwen3"]
 
 
+def assert_fold_equals_fused(q, k, v, mask, masked):
+    """`folded_attention` equals MLX's fused attention with `mask` as given
+    (boolean) or made additive."""
+    if masked == "additive":
+        mask = additive(mask, q.dtype)
+    scale = q.shape[-1] ** -0.5
+    ours = folded_attention(q, k, v, scale, mask)
+    ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+    assert ours.shape == ref.shape
+    assert mx.allclose(ours, ref, atol=1e-5).item()
+
+
 @pytest.mark.parametrize("heads,kv_heads", [(4, 2), (6, 1), (4, 4)])
 @pytest.mark.parametrize("masked", ["bool", "additive", None])
 def test_folded_attention_equals_fused(heads, kv_heads, masked):
@@ -24,12 +36,7 @@ def test_folded_attention_equals_fused(heads, kv_heads, masked):
     k = mx.random.normal((1, kv_heads, S, D))
     v = mx.random.normal((1, kv_heads, S, D))
     mask = bucket_mask(L, offset, S) if masked else None
-    if masked == "additive":
-        mask = additive(mask, q.dtype)
-    ours = folded_attention(q, k, v, D**-0.5, mask)
-    ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=D**-0.5, mask=mask)
-    assert ours.shape == ref.shape
-    assert mx.allclose(ours, ref, atol=1e-5).item()
+    assert_fold_equals_fused(q, k, v, mask, masked)
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(4, 2), (6, 2), (3, 3)])
@@ -47,12 +54,7 @@ def test_folded_attention_with_per_row_masks_equals_fused(heads, kv_heads, L, ma
     keys = mx.arange(S)[None, None]
     query = mx.arange(S - L, S)[None, :, None]
     mask = ((keys >= pad) & (keys <= query))[:, None]
-    if masked == "additive":
-        mask = additive(mask, q.dtype)
-    ours = folded_attention(q, k, v, D**-0.5, mask)
-    ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=D**-0.5, mask=mask)
-    assert ours.shape == ref.shape
-    assert mx.allclose(ours, ref, atol=1e-5).item()
+    assert_fold_equals_fused(q, k, v, mask, masked)
 
 
 def test_data_generator_steps_take_the_fold_and_leave_the_model_stock():
