@@ -69,7 +69,7 @@ def engine_shape(shape: str, dtype):
     target = Target(model)
     draft = build_draft(shape, target.num_layers, dtype=dtype)
     target.set_capture_layers(draft.args.target_layer_ids)
-    vocab = PRESETS[shape][2] or target.embed_tokens.weight.shape[0]
+    vocab = PRESETS[shape][2] or target.vocab_size
     return model, target, draft, vocab
 
 

@@ -45,7 +45,7 @@ def run(shape, rows, bits, quantize, group_size, max_tokens):
     cuda = ctypes.CDLL("libcuda.so.1")
     model = build_target(shape, quantize=quantize, group_size=group_size, peaked=True)
     target = Target(model)
-    vocab = PRESETS[shape][2] or target.embed_tokens.weight.shape[0]
+    vocab = PRESETS[shape][2] or target.vocab_size
     drafts = {}
     for b in bits:
         d = build_draft(shape, target.num_layers)

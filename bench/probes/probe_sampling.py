@@ -220,7 +220,7 @@ def run_cycle(args):
     target = Target(model)
     draft = build_draft(args.shape, target.num_layers, block_size=block)
     target.set_capture_layers(draft.args.target_layer_ids)
-    vocab = target.embed_tokens.weight.shape[0]
+    vocab = target.vocab_size
     prompt = mx.random.randint(0, 1000, (args.context,), key=mx.random.key(1)).tolist()
     n = args.max_tokens
     # The engine's oracle replays the target's own greedy output.

@@ -274,7 +274,7 @@ def run(args, argv) -> dict:
             "leave it out under mlx.launch"
         )
     target, tokenizer, label, make_draft = load(args)
-    vocab = target.embed_tokens.weight.shape[0]
+    vocab = target.vocab_size
     arms = make_arms(args, target, vocab, make_draft)
     if args.warm_up:
         for arm in (a for a in arms if a.run is None):

@@ -310,7 +310,7 @@ def main(argv=None):
     targs = TrainArgs(**{f.name: getattr(a, f.name) for f in fields(TrainArgs)})
     t0 = time.perf_counter()
     target, tokenizer = load_target(a.model, a.dtype)
-    vocab = target.embed_tokens.weight.shape[0]
+    vocab = target.vocab_size
     report = {
         "command": "mlx-dflash train "
         + " ".join(sys.argv[1:] if argv is None else argv)
