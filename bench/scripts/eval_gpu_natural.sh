@@ -6,7 +6,7 @@
 #   SHIPPED=/tmp/default_draft bash bench/scripts/eval_gpu_natural.sh /tmp/SmolLM2-135M-Instruct.Q4_1.gguf
 #
 # 1. The new drafter's draft vocabulary: every token of its training responses
-#    (`python -m mlx_dflash.train.vocab DIR --data data.npz`).
+#    (`python -m mlx_dflash.train.vocab DIR --data data.npz`), or the file VOCAB names.
 # 2. One process a suite, side by side (tau does not depend on timing; the GPU has room):
 #    new drafter as `generate` runs it (its draft vocabulary): natural by category (+ T 1.0),
 #    agent transcripts at 1k / 4k / 7.9k (+ T 1.0), the old list; new drafter over the whole
@@ -26,7 +26,11 @@ shipped=${SHIPPED:-mlx_dflash/default_draft}
 PYTHON=${PYTHON:-python3}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-$PYTHON -m mlx_dflash.train.vocab "$run/draft" --model "$gguf" --data "$run/gen/data.npz" || exit 1
+if [ -n "${VOCAB:-}" ]; then  # the training data is gone (a machine gone cold): a given vocabulary
+  cp "$VOCAB" "$run/draft/draft_vocab.json"
+else
+  $PYTHON -m mlx_dflash.train.vocab "$run/draft" --model "$gguf" --data "$run/gen/data.npz" || exit 1
+fi
 cp "$run/draft/draft_vocab.json" "$out/"
 read -ra ev <<< "${EVAL_ARGS:---eval-max-tokens 128 --eval-context-prompts 3 --eval-sampled-natural 3 --eval-sampled-context 1 --eval-prompts 24} --eval-time-budget ${EVAL_SECONDS:-240}"
 one() {  # name, drafter dir, --draft-vocab, suites, temperatures
