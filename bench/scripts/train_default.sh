@@ -9,7 +9,15 @@
 #   stage 2 (train_gpu_wide.sh): the rest of the 49.8k 'wide' prompts answered, one shard per GPU
 #                                (~4 min), the stage-1 drafter fine-tuned on all for 1,000 s
 #   then the held-out tau check (the README's command, on the GPU).
-# The drafter lands in /tmp/dflash-wide/draft. With one GPU set GPUS=1 (generation then takes
+#   stage 3 (train_gpu_natural.sh once): 'natural' requests and agent transcripts answered for
+#                                250 s, the stage-2 drafter fine-tuned for 250 s (the run
+#                                that made it had the unfolded generator: 1.84M tokens in 250 s)
+#   stage 4 (train_gpu_natural.sh once): 40k natural + 6k wide + 2k transcripts answered for
+#                                270 s (the folded generator: 6.1M tokens), stage 3 fine-tuned
+#                                on them (a 230 s schedule; the shipped run stopped at its 1,350th
+#                                of 1,861 steps, at the call's limit)
+#   and the draft vocabulary of stage 3's responses (the shipped draft_vocab.json).
+# Stages 1-2 land in /tmp/dflash-wide/draft, the shipped drafter in /tmp/dflash-natural4/draft. With one GPU set GPUS=1 (generation then takes
 # ~8 min; raise GEN_SECONDS to 600 so that it answers every prompt). The time budgets fit the step
 # counts to the machine's speed. The lent H200s run at most 10 minutes per command, so the
 # shipped drafter was made with the scripts' separate calls (train_default.md).
@@ -26,3 +34,12 @@ bash "$here/train_gpu_wide.sh" "$gguf" gen
 bash "$here/train_gpu_wide.sh" "$gguf" train
 ${PYTHON:-python3} -m mlx_dflash.cli train --eval-only --model "$gguf" --out "$RUN/draft" \
   --eval-prompts "${TAU_PROMPTS:-24}" --eval-max-tokens "${TAU_TOKENS:-256}" | tee "$OUT/tau.json"
+# Stages 3 and 4 (train_natural.md): each generates, then fine-tunes the stage before.
+export CALL_SECONDS=1000000
+RUN=/tmp/dflash-natural OUT=/tmp/dflash-natural/out INIT=/tmp/dflash-wide/draft GEN_SECONDS=250 \
+  TRAIN_SECONDS=250 bash "$here/train_gpu_natural.sh" "$gguf" once
+${PYTHON:-python3} -m mlx_dflash.train.vocab /tmp/dflash-natural/draft --model "$gguf" \
+  --data /tmp/dflash-natural/gen/data.npz
+RUN=/tmp/dflash-natural4 OUT=/tmp/dflash-natural4/out INIT=/tmp/dflash-natural/draft NATURAL=40000 \
+  WIDE=6000 LONG=2000 GEN_SECONDS=270 TRAIN_SECONDS=230 bash "$here/train_gpu_natural.sh" "$gguf" once
+cp /tmp/dflash-natural/draft/draft_vocab.json /tmp/dflash-natural4/draft/
