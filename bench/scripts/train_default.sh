@@ -3,7 +3,8 @@
 #
 #   bash bench/scripts/train_default.sh GGUF      # the SmolLM2-135M-Instruct Q4_1 GGUF
 #
-# on a machine with two H200s (MLX 0.32.4 CUDA, mlx-lm 0.32.2), about 40 minutes:
+# on a machine with two H200s (MLX 0.32.4 CUDA, mlx-lm 0.32.2), about 40 minutes for stages 1-2
+# and 20 more for stages 3-4 (one GPU):
 #   stage 1 (train_gpu.sh):      the 13.4k 'core' prompts answered (~3 min), a fresh 3-layer
 #                                drafter trained for 770 s
 #   stage 2 (train_gpu_wide.sh): the rest of the 49.8k 'wide' prompts answered, one shard per GPU
@@ -17,8 +18,9 @@
 #                                on them (a 230 s schedule; the shipped run stopped at its 1,350th
 #                                of 1,861 steps, at the call's limit)
 #   and the draft vocabulary of stage 3's responses (the shipped draft_vocab.json).
-# Stages 1-2 land in /tmp/dflash-wide/draft, the shipped drafter in /tmp/dflash-natural4/draft. With one GPU set GPUS=1 (generation then takes
-# ~8 min; raise GEN_SECONDS to 600 so that it answers every prompt). The time budgets fit the step
+# Stages 1-2 land in /tmp/dflash-wide/draft, the shipped drafter in /tmp/dflash-natural4/draft.
+# With one GPU set GPUS=1 (stage 2's generation then takes ~8 min; raise GEN_SECONDS to 600 so
+# that it answers every prompt). The time budgets fit the step
 # counts to the machine's speed. The lent H200s run at most 10 minutes per command, so the
 # shipped drafter was made with the scripts' separate calls (train_default.md).
 set -euo pipefail
@@ -35,7 +37,6 @@ bash "$here/train_gpu_wide.sh" "$gguf" train
 ${PYTHON:-python3} -m mlx_dflash.cli train --eval-only --model "$gguf" --out "$RUN/draft" \
   --eval-prompts "${TAU_PROMPTS:-24}" --eval-max-tokens "${TAU_TOKENS:-256}" | tee "$OUT/tau.json"
 # Stages 3 and 4 (train_natural.md): each generates, then fine-tunes the stage before.
-export CALL_SECONDS=1000000
 RUN=/tmp/dflash-natural OUT=/tmp/dflash-natural/out INIT=/tmp/dflash-wide/draft GEN_SECONDS=250 \
   TRAIN_SECONDS=250 bash "$here/train_gpu_natural.sh" "$gguf" once
 ${PYTHON:-python3} -m mlx_dflash.train.vocab /tmp/dflash-natural/draft --model "$gguf" \
