@@ -20,6 +20,7 @@ from typing import List, Optional, Protocol, Sequence
 import mlx.core as mx
 
 from .draft import DFlashDraft, StackedContext
+from .lookup import LookupAssist, NgramIndex
 from .sampling import sample_draft
 from .starts import start_eval
 from .target import Target
@@ -48,14 +49,22 @@ class DFlashDrafter:
     name = "dflash"
 
     def __init__(
-        self, draft: DFlashDraft, target: Target, vocab: Optional[Sequence[int]] = None
+        self,
+        draft: DFlashDraft,
+        target: Target,
+        vocab: Optional[Sequence[int]] = None,
+        lookup: Optional[LookupAssist] = None,
     ):
         """`vocab`: the token ids the draft may propose (None: all). The
         draft's head then reads only their rows of the target's LM head,
         which at a 49k-150k vocabulary is much of a draft pass's work; the
         output stays the target's own (a token outside `vocab` is simply
-        never drafted, and the verify finds the target's token there)."""
+        never drafted, and the verify finds the target's token there).
+        `lookup`: let prompt lookup's continuation replace the drafts where
+        it agrees with them (lookup.py; None: the drafts alone)."""
         self.draft = draft
+        self.lookup = lookup
+        self.index = NgramIndex(lookup.max_match) if lookup else None
         self.target = target
         self.vocab = None if vocab is None else mx.array(sorted(set(vocab)), mx.uint32)
         self._head = None if vocab is None else target.head_rows(self.vocab)
@@ -78,8 +87,11 @@ class DFlashDrafter:
 
     def start(self, prompt):
         self.cache, self.ready, self.ready_kv = self.draft.make_cache(), None, None
+        self.index = NgramIndex(self.lookup.max_match) if self.lookup else None
 
     def commit(self, tokens, features):
+        if self.index is not None:
+            self.index.extend(tokens)
         self.ready = None  # drafted on the context before these tokens
         kv, self.ready_kv = self.ready_kv, None
         if kv is not None and kv[0] == len(tokens):  # `precommit` computed them
@@ -96,12 +108,17 @@ class DFlashDrafter:
         self.ready = self.ready_kv = None
         for c in self.cache:
             c.trim(n)
+        if self.index is not None:
+            self.index.trim(n)
 
     def state(self):
-        return {"cache": self.cache}
+        return {"cache": self.cache, "index": self.index}
 
     def load_state(self, state):
         self.cache, self.ready, self.ready_kv = state["cache"], None, None
+        self.index = state.get("index")
+        if self.lookup is not None and self.index is None:
+            raise ValueError("a drafter state without the prompt lookup's index")
 
     @property
     def dflash(self) -> "DFlashDrafter":
@@ -125,7 +142,10 @@ class DFlashDrafter:
         best = mx.argmax(self._logits(anchor, n), axis=-1)
         # `vocab` is sorted: the first best id is the whole vocabulary's argmax
         # with the other ids' logits at -inf.
-        return best if self.vocab is None else self.vocab[best]
+        draft = (best if self.vocab is None else self.vocab[best]).astype(mx.uint32)
+        if self.lookup is not None:
+            draft, _ = self.lookup.merge(self.index, anchor, draft)
+        return draft
 
     def propose_sampled(self, anchor: int, n: int, params, key):
         """Draw the draft from q (same transforms as the target); return (tokens, q)."""
@@ -134,7 +154,10 @@ class DFlashDrafter:
             full = mx.full((logits.shape[0], self.target.vocab_size), -mx.inf, logits.dtype)
             full[:, self.vocab] = logits
             logits = full
-        return sample_draft(logits, params, key)
+        draft, q = sample_draft(logits, params, key)
+        if self.lookup is not None:
+            draft, q = self.lookup.merge(self.index, anchor, draft.astype(mx.uint32), q)
+        return draft, q
 
 
 def _shared_drafts(drafters: Sequence[Drafter], counts: Sequence[int]):
@@ -204,39 +227,35 @@ def precommit(drafters: Sequence[Drafter], kept: Sequence[int], features: mx.arr
 
 
 class PromptLookupDrafter:
-    """N-gram match of the latest tokens against prompt + generated text."""
+    """N-gram match of the latest tokens against prompt + generated text
+    (lookup.py), the most recent occurrence first: recent text predicts best
+    in edits and agent turns."""
 
     name = "lookup"
     capture_layers = ()
 
     def __init__(self, ngram_max: int = 4, ngram_min: int = 1):
-        self.ngram_max, self.ngram_min = ngram_max, ngram_min
-        self.tokens: List[int] = []
+        self.ngram_min = ngram_min
+        self.index = NgramIndex(ngram_max)
 
     def start(self, prompt):
-        self.tokens = []
+        self.index = NgramIndex(self.index.max_n)
 
     def commit(self, tokens, features):
-        self.tokens.extend(int(t) for t in tokens)
+        self.index.extend(tokens)
 
     def trim(self, n):
-        del self.tokens[len(self.tokens) - n :]
+        self.index.trim(n)
 
     def state(self):
-        return {"tokens": self.tokens}
+        return {"index": self.index}
 
     def load_state(self, state):
-        self.tokens = state["tokens"]
+        self.index = state["index"]
 
     def propose(self, anchor: int, n: int) -> mx.array:
-        seq = self.tokens + [anchor]
-        for size in range(min(self.ngram_max, len(seq) - 1), self.ngram_min - 1, -1):
-            tail = seq[-size:]
-            # Latest earlier occurrence: recent text predicts best in edits/agents.
-            for i in range(len(seq) - size - 1, -1, -1):
-                if seq[i : i + size] == tail:
-                    return mx.array(seq[i + size : i + size + n], dtype=mx.uint32)
-        return mx.array([], dtype=mx.uint32)
+        follow, _ = self.index.continuation(anchor, n, self.ngram_min)
+        return mx.array(follow, dtype=mx.uint32)
 
 
 class OracleDrafter:

@@ -16,6 +16,7 @@ from .load import (
     load_pair,
     one_line_errors,
 )
+from .lookup import lookup_of
 from .memory import available_memory, check_memory, gb, memory_model
 from .sampling import SamplingParams
 from .warmup import warm_up
@@ -169,6 +170,8 @@ def run(args) -> dict:
         "draft_quantize": args.draft_quantize if uses_draft else None,
         # Tokens the drafter may propose (None: the whole vocabulary).
         "draft_vocab": len(drafter.vocab) if uses_draft and drafter.vocab is not None else None,
+        # --prompt-lookup as resolved (None: off).
+        "prompt_lookup": lookup_of(drafter) if uses_draft else None,
         "stats": last.stats.as_dict(),
         "distributed": world.info(),
     }
@@ -197,10 +200,11 @@ def main(argv=None):
     fb = s["fallback"]
     tau = "n/a" if s["tau"] is None else f"{s['tau']:.2f}"
     acc = "n/a" if s["acceptance_rate"] is None else f"{s['acceptance_rate']:.1%}"
+    lookup = " + prompt lookup" if result["prompt_lookup"] else ""
     print(
         f"\n==========\nprompt: {result['prompt_tokens']} tokens, "
         f"{result['prompt_tps']:.1f} tok/s | generation: {result['generation_tokens']} "
-        f"tokens, {result['generation_tps']:.1f} tok/s | drafter {result['drafter']}, "
+        f"tokens, {result['generation_tps']:.1f} tok/s | drafter {result['drafter']}{lookup}, "
         f"block {s['block_size']}, tau {tau} (mean accepted length incl. bonus), "
         f"per-draft-token acceptance {acc}, "
         f"fallback: {fb['plain_tokens']} tokens plain in {fb['plain_seconds']:.2f} s "

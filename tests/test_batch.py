@@ -30,6 +30,7 @@ from models import VOCAB, tiny_model
 from mlx_dflash.batch import WAIT, Batch
 from mlx_dflash.decode import generate_step, prefill
 from mlx_dflash.draft import DFlashDraft
+from mlx_dflash.lookup import LookupAssist
 from mlx_dflash.drafters import (
     DFlashDrafter,
     OracleDrafter,
@@ -324,12 +325,14 @@ def test_a_joining_prefill_interleaves_with_running_rows(family):
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
 def test_dflash_and_lookup_rows_match_solo_runs(family):
     """Each row's drafter gets its own rows' features: the drafts, hence the
-    acceptance counts, are the solo run's too."""
+    acceptance counts, are the solo run's too (a prompt-lookup-assisted row's as well)."""
     model = model_of(family)
     target = Target(model)
     shared = random_dflash(target).draft
-    prompts = [prompt(10, 12), prompt(11, 30), prompt(12, 5) * 3]
-    drafters = [lambda: DFlashDrafter(shared, target)] * 2 + [PromptLookupDrafter]
+    prompts = [prompt(10, 12), prompt(11, 30), prompt(12, 5) * 3, prompt(13, 4) * 4]
+    # The last row's blocks take prompt lookup's continuations (lookup.py).
+    assisted = lambda: DFlashDrafter(shared, target, lookup=LookupAssist(trust=1))  # noqa: E731
+    drafters = [lambda: DFlashDrafter(shared, target)] * 2 + [PromptLookupDrafter, assisted]
     solo = []
     for p, make in zip(prompts, drafters):
         stats = SpecStats(8)

@@ -76,6 +76,8 @@ MODEL, LOOKUP = ["--model", "{root}/model"], ["--draft", "lookup"]
         ),
         ([*MODEL, *LOOKUP, "--block-size", "0"], "--block-size must be >= 1, got 0"),
         ([*MODEL, *LOOKUP, "--block-size", "-2"], "--block-size must be >= 1, got -2"),
+        ([*MODEL, *LOOKUP, "--prompt-lookup", "2:1"], "--prompt-lookup '2:1': need 1 <= MIN"),
+        ([*MODEL, *LOOKUP, "--prompt-lookup", "yes"], "--prompt-lookup 'yes': use on, off"),
     ],
     ids=[
         "missing-model",
@@ -87,6 +89,8 @@ MODEL, LOOKUP = ["--model", "{root}/model"], ["--draft", "lookup"]
         "fake-gguf",
         "block-size-0",
         "block-size-negative",
+        "prompt-lookup-order",
+        "prompt-lookup-word",
     ],
 )
 def test_generate_one_line_errors(root, capsys, argv, message):

@@ -13,7 +13,8 @@
 #    vocabulary: natural, long; the shipped drafter (SHIPPED) over the whole vocabulary: long,
 #    old (its natural figure over the whole vocabulary is train_natural.md's), and with its own
 #    draft_vocab.json: natural.
-#    Greedy runs are checked token for token against mlx_lm's own greedy decoding.
+#    Greedy runs are checked token for token against mlx_lm's own greedy decoding. The drafters
+#    run alone (--prompt-lookup off), as the figures in train_natural.md were made.
 # CPU dry run (real GGUF, tiny scale): RUN=/tmp/dry OUT=/tmp/dry/out PYTHON=.venv/bin/python \
 #   EVAL_ARGS="--eval-max-tokens 4 --eval-natural 1 --eval-contexts 1024 --eval-context-prompts 1
 #   --eval-sampled-natural 1 --eval-sampled-context 1 --eval-prompts 1" bash bench/scripts/eval_gpu_natural.sh GGUF
@@ -35,7 +36,7 @@ cp "$run/draft/draft_vocab.json" "$out/"
 read -ra ev <<< "${EVAL_ARGS:---eval-max-tokens 128 --eval-context-prompts 3 --eval-sampled-natural 3 --eval-sampled-context 1 --eval-prompts 24} --eval-time-budget ${EVAL_SECONDS:-240}"
 one() {  # name, drafter dir, --draft-vocab, suites, temperatures
   timeout "${CALL_SECONDS:-480}" $PYTHON -m mlx_dflash.cli train --eval-only --model "$gguf" --out "$2" \
-    --draft-vocab "$3" --eval-sets "$4" --eval-temperatures "$5" "${ev[@]}" \
+    --draft-vocab "$3" --prompt-lookup off --eval-sets "$4" --eval-temperatures "$5" "${ev[@]}" \
     --eval-json "$out/eval-$1.json" > /dev/null 2> "$out/eval-$1.log"
 }
 one new-natural "$run/draft" auto natural 1.0 &

@@ -101,7 +101,7 @@ once)
   # Eval budget: suites start only while it lasts; each runs whole (the biggest, natural greedy, first).
   # shellcheck disable=SC2086
   $PYTHON -m mlx_dflash.cli --blas "$BLAS" train --eval-only --model "$gguf" --out "$run/draft" \
-    ${EVAL_DTYPE:+--dtype "$EVAL_DTYPE"} --eval-sets natural,long,old --eval-temperatures 0.7,1.0 \
+    --prompt-lookup off ${EVAL_DTYPE:+--dtype "$EVAL_DTYPE"} --eval-sets natural,long,old --eval-temperatures 0.7,1.0 \
     --eval-time-budget "$((budget > 30 ? budget - 30 : 1))" --eval-json "$out/eval.json" \
     ${EVAL_ARGS:---eval-context-prompts 3 --eval-sampled-natural 3 --eval-sampled-context 1 --eval-prompts 24 --eval-max-tokens 128} \
     > /dev/null 2> "$out/eval.log" || tail -n 5 "$out/eval.log"

@@ -29,9 +29,30 @@ from .runner import Arm
 from .shapes import build_draft, build_target, draft_for_target
 from .zlab import PREFIX as ZLAB, make_zlab_arm
 
-# A checkpoint arm's suffix: draft over the whole vocabulary, not the
-# checkpoint's draft_vocab.json (load.read_draft_vocab).
-FULL_VOCAB = "@full"
+# A checkpoint arm's suffixes: @full drafts over the whole vocabulary, not the
+# checkpoint's draft_vocab.json (load.read_draft_vocab); @q4 / @q8 quantize
+# its Linear layers; @lookup / @nolookup turn prompt lookup's help on or off
+# (load.make_drafter's `lookup`; default: on for the shipped drafter only).
+SUFFIXES = {
+    "full": {"vocab": "all"},
+    "q4": {"quantize": 4},
+    "q8": {"quantize": 8},
+    "lookup": {"lookup": "on"},
+    "nolookup": {"lookup": "off"},
+}
+
+
+def checkpoint_options(spec: str):
+    """`(path, load_drafter options)` of a checkpoint arm `DIR[@suffix...]`."""
+    path, *suffixes = spec.split("@")
+    options = {}
+    for s in suffixes:
+        if s not in SUFFIXES:
+            raise SystemExit(
+                f"--draft {spec}: unknown suffix @{s} (use {', '.join('@' + k for k in SUFFIXES)})"
+            )
+        options.update(SUFFIXES[s])
+    return path, options
 
 
 def _on(choice: str, flag: str = "--block-linear"):
@@ -122,19 +143,17 @@ def make_arms(args, target, vocab, make_draft):
             # As `load_pair` loads it for `generate` and `serve`: the drafter
             # in the device's dtype, the flag's block size over its own.
             dtype = getattr(mx, args.dtype) if args.dtype else None
-            full = spec.endswith(FULL_VOCAB)
-            vocab = "all" if full else "auto"
-            path, _, q = spec[: len(spec) - len(FULL_VOCAB) * full].partition("@q")
-            drafter, native, _ = load_drafter(
-                path, target, dtype=dtype, quantize=int(q) if q else None, vocab=vocab
-            )
+            path, options = checkpoint_options(spec)
+            drafter, native, _ = load_drafter(path, target, dtype=dtype, **options)
             if isinstance(drafter, DFlashDrafter):
                 # Fresh drafter state around the weights (and head rows) loaded once.
                 make = lambda ref, d=drafter: d.fresh()
             else:
                 make = lambda ref, path=path: load_drafter(path, target)[0]
 
-            name = Path(path).name + (f"@q{q}" if q else "") + (FULL_VOCAB if full else "")
+            name = Path(path).name + spec[len(path) :]
+            if getattr(drafter, "lookup", None) and "@lookup" not in spec:
+                name += "+lookup"  # on by --prompt-lookup auto (the shipped drafter)
             arms.append(Arm(name, make, block_size_for(args.block_size, native)))
     if args.fallback:
         for arm in arms:

@@ -98,7 +98,8 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "lookup (prompt lookup), or a DFlash checkpoint directory; append @q8 or @q4 "
         "to a checkpoint to quantize its Linear layers (e.g. DIR,DIR@q8,DIR@q4), and "
         "@full to draft over the whole vocabulary instead of its draft_vocab.json "
-        "(e.g. DIR,DIR@full); "
+        "(e.g. DIR,DIR@full), @lookup / @nolookup to turn prompt lookup's help on or "
+        "off (default: on for the shipped drafter only; see generate --prompt-lookup); "
         "zlab:DIR runs z-lab's reference loop (dflash.model_mlx.stream_generate; "
         "pip install --no-deps dflash==0.1.0) with that checkpoint on its own copy "
         "of the target (e.g. DIR,zlab:DIR)",

@@ -66,6 +66,12 @@ def add_eval_args(p):
         help="as generate's: auto drafts over the checkpoint's draft_vocab.json where "
         "it has one, all over the whole vocabulary",
     )
+    p.add_argument(
+        "--prompt-lookup",
+        default="auto",
+        metavar="auto|on|off|MIN[:TRUST]",
+        help="as generate's (auto: on for the shipped drafter only)",
+    )
 
 
 def natural_held_out(per_category: Optional[int] = None) -> List[Prompt]:
@@ -249,10 +255,18 @@ def held_out_tau(target, tokenizer, draft, a) -> dict:
 def eval_only(a):
     """The drafter in --out (default: the shipped one) as `generate` runs it."""
     from ..load import DEFAULT_DRAFT, load_pair
+    from ..lookup import LookupAssist, lookup_of
 
     path = Path(a.out or DEFAULT_DRAFT)
     dtype = getattr(mx, a.dtype) if a.dtype else None
-    pair = load_pair(a.model, str(path), dtype=dtype, draft_vocab=a.draft_vocab)
+    if a.prompt_lookup != "auto":
+        try:
+            LookupAssist.parse(a.prompt_lookup)
+        except ValueError as e:
+            raise SystemExit(f"error: --prompt-lookup {e}")
+    pair = load_pair(
+        a.model, str(path), dtype=dtype, draft_vocab=a.draft_vocab, prompt_lookup=a.prompt_lookup
+    )
     sets = set(a.eval_sets.split(","))
     if not sets <= {"natural", "long", "old"}:
         raise SystemExit(f"error: --eval-sets {a.eval_sets}: use natural, long, old")
@@ -260,7 +274,7 @@ def eval_only(a):
     # Ids the drafter may propose (None: the whole vocabulary), as `generate --json`.
     vocab_size = None if pair.drafter.vocab is None else len(pair.drafter.vocab)
     if sets == {"old"}:  # the recorded figures' format
-        result = {"draft": str(path), "draft_vocab": vocab_size, **held_out_tau(pair.target, pair.tokenizer, pair.drafter, a)}
+        result = {"draft": str(path), "draft_vocab": vocab_size, "prompt_lookup": lookup_of(pair.drafter), **held_out_tau(pair.target, pair.tokenizer, pair.drafter, a)}
     else:
         from .evaluate import evaluate
 
@@ -268,7 +282,7 @@ def eval_only(a):
             ev = evaluate(pair.target, pair.drafter, pair.tokenizer, a)
         except ValueError as e:
             raise SystemExit(f"error: {e}")
-        result = {"draft": str(path), "draft_vocab": vocab_size, **ev}
+        result = {"draft": str(path), "draft_vocab": vocab_size, "prompt_lookup": lookup_of(pair.drafter), **ev}
     print(json.dumps(result))
     if a.eval_json:
         Path(a.eval_json).write_text(json.dumps(result, indent=1))
