@@ -15,7 +15,7 @@ restores drafters through these two.
 
 import copy
 import random
-from typing import List, Optional, Protocol, Sequence
+from typing import Optional, Protocol, Sequence
 
 import mlx.core as mx
 
@@ -61,7 +61,8 @@ class DFlashDrafter:
         output stays the target's own (a token outside `vocab` is simply
         never drafted, and the verify finds the target's token there).
         `lookup`: let prompt lookup's continuation replace the drafts where
-        it agrees with them (lookup.py; None: the drafts alone)."""
+        it starts with the first draft or a long enough tail recurs
+        (lookup.py; None: the drafts alone)."""
         self.draft = draft
         self.lookup = lookup
         self.index = NgramIndex(lookup.max_match) if lookup else None

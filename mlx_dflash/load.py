@@ -210,7 +210,7 @@ def make_drafter(
         spec = str(DEFAULT_DRAFT)
     if lookup == "auto":
         # Measured on the shipped pair only (natural requests and agent
-        # transcripts, bench/results/train_natural.md); a drafter that
+        # transcripts, bench/results/cpu-prompt-lookup.md); a drafter that
         # accepts more may lose blocks it would have won to the lookup.
         shipped = Path(spec).expanduser().resolve() == DEFAULT_DRAFT.resolve()
         lookup = "on" if shipped else "off"
