@@ -113,13 +113,20 @@ class DFlashDrafter:
             self.index.trim(n)
 
     def state(self):
-        return {"cache": self.cache, "index": self.index}
+        # The lookup's tokens, not its index: a prompt cache deep-copies
+        # states, and rebuilding the index costs about a third of copying it
+        # (8k tokens: 30 against 100 ms on this repo's CPU).
+        tokens = None if self.index is None else self.index.tokens
+        return {"cache": self.cache, "tokens": tokens}
 
     def load_state(self, state):
         self.cache, self.ready, self.ready_kv = state["cache"], None, None
-        self.index = state.get("index")
-        if self.lookup is not None and self.index is None:
-            raise ValueError("a drafter state without the prompt lookup's index")
+        self.index = None
+        if self.lookup is not None:
+            if state.get("tokens") is None:
+                raise ValueError("a drafter state without the prompt lookup's tokens")
+            self.index = NgramIndex(self.lookup.max_match)
+            self.index.extend(state["tokens"])
 
     @property
     def dflash(self) -> "DFlashDrafter":
@@ -249,10 +256,11 @@ class PromptLookupDrafter:
         self.index.trim(n)
 
     def state(self):
-        return {"index": self.index}
+        return {"tokens": self.index.tokens}
 
     def load_state(self, state):
-        self.index = state["index"]
+        self.index = NgramIndex(self.index.max_n)
+        self.index.extend(state["tokens"])
 
     def propose(self, anchor: int, n: int) -> mx.array:
         follow, _ = self.index.continuation(anchor, n, self.ngram_min)
