@@ -22,7 +22,7 @@ from .distributed import SINGLE, World, shard
 from .draft import DEFAULT_BLOCK_SIZE, DFlashDraft, load_draft, read_config
 from .drafters import DFlashDrafter, Drafter, PromptLookupDrafter
 from .fallback import POLICY_HELP
-from .lookup import LookupAssist
+from .lookup import LookupAssist, check_flag
 from .target import Target
 
 DEFAULT_DRAFT = Path(__file__).parent / "default_draft"
@@ -46,11 +46,7 @@ def check_engine_args(args) -> None:
     """What `add_engine_args`' types cannot check."""
     if args.block_size is not None and args.block_size < 1:
         raise ValueError(f"--block-size must be >= 1, got {args.block_size}")
-    if args.prompt_lookup != "auto":
-        try:
-            LookupAssist.parse(args.prompt_lookup)
-        except ValueError as e:
-            raise ValueError(f"--prompt-lookup {e}") from None
+    check_flag(args.prompt_lookup)
 
 
 def local_path(spec: str, option: str) -> Optional[Path]:
@@ -208,12 +204,6 @@ def make_drafter(
     """
     if spec is None:
         spec = str(DEFAULT_DRAFT)
-    if lookup == "auto":
-        # Measured on the shipped pair only (natural requests and agent
-        # transcripts, bench/results/cpu-prompt-lookup.md); a drafter that
-        # accepts more may lose blocks it would have won to the lookup.
-        shipped = Path(spec).expanduser().resolve() == DEFAULT_DRAFT.resolve()
-        lookup = "on" if shipped else "off"
     if spec == "none":
         return PromptLookupDrafter(), 1
     if spec == "lookup":
@@ -227,6 +217,11 @@ def make_drafter(
     if ids is not None and target.head_sharded:
         # Each rank holds a slice of the head's rows: draft over all of them.
         ids = None
+    if lookup == "auto":
+        # Measured on the shipped pair only (natural requests and agent
+        # transcripts, bench/results/cpu-prompt-lookup.md); a drafter that
+        # accepts more may lose blocks it would have won to the lookup.
+        lookup = "on" if path.resolve() == DEFAULT_DRAFT.resolve() else "off"
     assist = LookupAssist.parse(lookup)
     return DFlashDrafter(draft, target, ids, assist), draft.args.block_size
 

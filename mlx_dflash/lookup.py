@@ -49,8 +49,7 @@ class NgramIndex:
         """`(tokens, n)`: up to `count` tokens that followed the latest earlier
         occurrence of the longest tail (n tokens, `min_n` <= n <= `max_n`) of
         the committed tokens + `anchor`; `([], 0)` when no tail recurs."""
-        seq_len = len(self.tokens) + 1
-        for n in range(min(self.max_n, seq_len - 1), min_n - 1, -1):
+        for n in range(min(self.max_n, len(self.tokens)), min_n - 1, -1):
             tail = tuple(self.tokens[len(self.tokens) - n + 1 :]) + (anchor,)
             ends = self.ends.get(tail)
             if ends:
@@ -115,16 +114,24 @@ class LookupAssist:
         cont = mx.array(follow, dtype=mx.uint32)
         merged = mx.concatenate([cont, draft[k:]]) if k < n else cont
         trusted = self.trust is not None and size >= self.trust
-        take = mx.array(True) if trusted else draft[0] == cont[0]
-        draft = mx.where(take, merged, draft)
+        take = None if trusted else draft[0] == cont[0]
+        draft = merged if trusted else mx.where(take, merged, draft)
         if q is not None:
             ids = mx.arange(q.shape[-1])[None]
             point = mx.where(ids == cont[:, None], 0.0, -mx.inf).astype(q.dtype)
-            rows = mx.where(take, point, q[:k])
             if not trusted:
-                rows = mx.concatenate([q[:1], rows[1:]])
-            q = mx.concatenate([rows, q[k:]])
+                point = mx.concatenate([q[:1], mx.where(take, point[1:], q[1:k])])
+            q = mx.concatenate([point, q[k:]])
         return draft, q
+
+
+def check_flag(spec: str) -> None:
+    """`--prompt-lookup`'s value, checked before any loading ("auto" passes)."""
+    if spec != "auto":
+        try:
+            LookupAssist.parse(spec)
+        except ValueError as e:
+            raise ValueError(f"--prompt-lookup {e}") from None
 
 
 def lookup_of(drafter) -> Optional[dict]:

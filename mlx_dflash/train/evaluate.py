@@ -255,15 +255,14 @@ def held_out_tau(target, tokenizer, draft, a) -> dict:
 def eval_only(a):
     """The drafter in --out (default: the shipped one) as `generate` runs it."""
     from ..load import DEFAULT_DRAFT, load_pair
-    from ..lookup import LookupAssist, lookup_of
+    from ..lookup import check_flag, lookup_of
 
     path = Path(a.out or DEFAULT_DRAFT)
     dtype = getattr(mx, a.dtype) if a.dtype else None
-    if a.prompt_lookup != "auto":
-        try:
-            LookupAssist.parse(a.prompt_lookup)
-        except ValueError as e:
-            raise SystemExit(f"error: --prompt-lookup {e}")
+    try:
+        check_flag(a.prompt_lookup)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}")
     pair = load_pair(
         a.model, str(path), dtype=dtype, draft_vocab=a.draft_vocab, prompt_lookup=a.prompt_lookup
     )
@@ -273,8 +272,9 @@ def eval_only(a):
     a.eval_sets = sets
     # Ids the drafter may propose (None: the whole vocabulary), as `generate --json`.
     vocab_size = None if pair.drafter.vocab is None else len(pair.drafter.vocab)
+    result = {"draft": str(path), "draft_vocab": vocab_size, "prompt_lookup": lookup_of(pair.drafter)}
     if sets == {"old"}:  # the recorded figures' format
-        result = {"draft": str(path), "draft_vocab": vocab_size, "prompt_lookup": lookup_of(pair.drafter), **held_out_tau(pair.target, pair.tokenizer, pair.drafter, a)}
+        result.update(held_out_tau(pair.target, pair.tokenizer, pair.drafter, a))
     else:
         from .evaluate import evaluate
 
@@ -282,7 +282,7 @@ def eval_only(a):
             ev = evaluate(pair.target, pair.drafter, pair.tokenizer, a)
         except ValueError as e:
             raise SystemExit(f"error: {e}")
-        result = {"draft": str(path), "draft_vocab": vocab_size, "prompt_lookup": lookup_of(pair.drafter), **ev}
+        result.update(ev)
     print(json.dumps(result))
     if a.eval_json:
         Path(a.eval_json).write_text(json.dumps(result, indent=1))
