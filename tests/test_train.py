@@ -20,6 +20,7 @@ from mlx_dflash.train.objective import (
     make_blocks,
     position_weights,
     sample_anchors,
+    soft_labels,
     target_features,
 )
 from mlx_dflash.train.prompts import HELD_OUT, build_prompts
@@ -150,6 +151,59 @@ def test_label_rows_and_dense_head_give_the_same_loss():
     assert math.isclose(full.item(), fast.item(), rel_tol=1e-4)
     for k in s_full:
         assert s_full[k].tolist() == s_fast[k].tolist(), k
+
+
+def test_soft_labels_are_the_targets_distributions():
+    # Weight 0 is the hard loss; weight 1 over the whole vocabulary is the
+    # cross-entropy against the target's next-token distribution at the
+    # label's previous position, computed here label by label.
+    target, draft = _setup(4)
+    tok = _random_tokens(2, 20)
+    lengths, anchors = mx.array([20, 13]), mx.array([[4, 9], [6, 10]])
+    valid = mx.array([[True, True], [True, False]])
+    feats, soft = soft_labels(target, tok, VOCAB)
+    assert mx.allclose(feats, target_features(target, tok)).item()
+    args = (draft, target, tok, lengths, feats, anchors, valid)
+    hard, _ = block_loss(*args, gamma=7.0)
+    zero, _ = block_loss(*args, gamma=7.0, soft=soft, soft_weight=0.0)
+    assert zero.item() == hard.item()
+    full, _ = block_loss(*args, gamma=7.0, soft=soft, soft_weight=1.0)
+    ids, _, pos = make_blocks(tok, anchors, 4, MASK)
+    h = draft_blocks_forward(draft, target.embed(ids), feats, anchors)
+    z = target.head(h[:, :, 1:]).astype(mx.float32)
+    logq = z - mx.logsumexp(z, axis=-1, keepdims=True)
+    logits, _ = target.forward(tok, None)
+    p = mx.softmax(logits.astype(mx.float32), axis=-1)
+    w = position_weights(4, 7.0)
+    num = den = 0.0
+    for n in range(2):
+        for a in range(2):
+            for j in range(3):
+                t = pos[n, a, j].item()
+                if valid[n, a].item() and t < lengths[n].item():
+                    ce = -(p[n, t - 1] * logq[n, a, j]).sum().item()
+                    num, den = num + w[j].item() * ce, den + w[j].item()
+    assert math.isclose(full.item(), num / den, rel_tol=1e-4)
+    half, _ = block_loss(*args, gamma=7.0, soft=soft, soft_weight=0.5)
+    assert math.isclose(half.item(), (hard.item() + full.item()) / 2, rel_tol=1e-4)
+    # Only the rows that count, as the trainer scores them: the same loss.
+    rows = label_rows(np.array(anchors), np.array([2, 1]), np.array(lengths), 4)
+    fast, _ = block_loss(
+        *args, gamma=7.0, rows=mx.array(rows), soft=soft, soft_weight=0.5,
+        head=dense_head(target, mx.float32),
+    )
+    assert math.isclose(fast.item(), half.item(), rel_tol=1e-4)
+
+
+def test_training_with_soft_labels_lowers_the_loss(tmp_path):
+    target, draft = _setup(4)
+    tok = _random_tokens(6, 24, seed=5)
+    data = Dataset.from_lists(tok.tolist(), [4] * 6)
+    args = TrainArgs(steps=12, batch_size=3, anchors=6, block_size=4, lr=3e-3,
+                     warmup=1, report_every=1, save_every=100, soft_labels=0.5,
+                     soft_top_k=8)
+    history = train(draft, target, data, args, out=tmp_path, log=lambda *_: None)
+    assert history[-1]["loss"] < history[0]["loss"]
 
 
 def test_batched_greedy_equals_each_prompt_alone():

@@ -13,7 +13,7 @@
 #   WIDE of the old 'wide' prompts, LONG agent transcripts of LONG_TOKENS tokens; a SAMPLED
 #   share at T 1.0, the rest greedy; <= 256 new tokens; SEED picks the prompts), then
 #   fine-tuning from INIT starts and runs until CALL_SECONDS after the call began (checkpoint
-#   every 200 steps).
+#   every 200 steps; SOFT > 0 weighs in the target's own top-SOFT_K distributions, --soft-labels).
 # call 2 (~525 s): fine-tuning resumes until EVAL_SECONDS + PACK_SECONDS before CALL_SECONDS,
 #   then `train --eval-only` on the quantized target as shipped: the natural held-out set by
 #   category (greedy, checked against plain greedy; sampled at T 0.7 / 1.0), agent transcripts
@@ -64,7 +64,8 @@ train() {
     --batch-size "${BATCH:-16}" --anchors "${ANCHORS:-192}" --batch-tokens "${BATCH_TOKENS:-12288}" \
     --max-len "${MAX_LEN:-8192}" --lr "${LR:-3e-4}" --warmup "${WARMUP:-100}" \
     --steps "${STEPS:-100000}" --time-budget "$TRAIN_SECONDS" --save-every "${SAVE_EVERY:-200}" \
-    --report-every "${REPORT_EVERY:-50}" --eval-prompts 0 --stop-seconds "$1" 2>&1 | tee "$out/train$n.log"
+    --report-every "${REPORT_EVERY:-50}" --soft-labels "${SOFT:-0}" --soft-top-k "${SOFT_K:-16}" \
+    --eval-prompts 0 --stop-seconds "$1" 2>&1 | tee "$out/train$n.log"
 }
 
 generate() {

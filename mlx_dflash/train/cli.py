@@ -292,6 +292,10 @@ def _check_inputs(a):
         raise SystemExit(f"error: --long-tokens {a.long_tokens}: need MIN,MAX with 0 < MIN <= MAX")
     if not 0 <= a.sampled_share <= 1:
         raise SystemExit(f"error: --sampled-share {a.sampled_share}: need 0 <= F <= 1")
+    if not 0 <= a.soft_labels <= 1:
+        raise SystemExit(f"error: --soft-labels {a.soft_labels}: need 0 <= W <= 1")
+    if a.soft_top_k < 1:
+        raise SystemExit(f"error: --soft-top-k {a.soft_top_k}: need K >= 1")
 
 
 def main(argv=None):

@@ -173,6 +173,8 @@ def block_loss(
     gamma: float,
     rows: Optional[mx.array] = None,
     head=None,
+    soft: Optional[tuple] = None,
+    soft_weight: float = 0.0,
 ):
     """Position-weighted cross-entropy of all blocks, plus accuracy statistics.
 
@@ -185,6 +187,10 @@ def block_loss(
           (`label_rows`), -1 for padding. Only these rows go through the head,
           the step's largest matmul; None scores every row.
         head: the frozen output head (default `target.head`; see `dense_head`).
+        soft: the target's own next-token distributions (`soft_labels`:
+          top-k ids and probabilities (N, S, k) at every position); with
+          `soft_weight` w the loss per label is (1 - w) * CE(label) +
+          w * sum_k -p_k log q(id_k), q the draft's distribution.
 
     Returns `(loss, stats)`: stats holds per-position correct counts, the count
     of valid labels, and the summed accepted length (for a tau estimate).
@@ -196,6 +202,9 @@ def block_loss(
     h = draft_blocks_forward(draft, embeds, mx.stop_gradient(features), anchors)
     valid = (pos < lengths[:, None, None]) & anchor_valid[:, :, None]
     w = position_weights(B, gamma) * valid  # (N, A, B-1)
+    # The target's distribution for the label at position t is its output at t - 1.
+    S = tokens.shape[1]
+    at = (mx.arange(pos.shape[0])[:, None, None] * S + mx.minimum(pos, S) - 1).reshape(-1)
     h, labels, w = (
         h[:, :, 1:].reshape(-1, h.shape[-1]),
         labels.reshape(-1),
@@ -203,9 +212,14 @@ def block_loss(
     )
     if rows is not None:
         sel = mx.maximum(rows, 0)
-        h, labels, w = h[sel], labels[sel], w[sel] * (rows >= 0)
+        h, labels, w, at = h[sel], labels[sel], w[sel] * (rows >= 0), at[sel]
     logits = head(h).astype(mx.float32)  # (rows, V)
     ce = nn.losses.cross_entropy(logits, labels, reduction="none")
+    if soft is not None and soft_weight > 0:
+        ids, probs = (x.reshape(-1, x.shape[-1])[at] for x in soft)
+        logq = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        soft_ce = -(probs * mx.take_along_axis(logq, ids, axis=-1)).sum(-1)
+        ce = (1 - soft_weight) * ce + soft_weight * soft_ce
     loss = (ce * w).sum() / mx.maximum(w.sum(), 1e-6)
     correct = (mx.argmax(logits, axis=-1) == labels) & (w > 0)
     if rows is not None:
@@ -276,3 +290,17 @@ def target_features(target, tokens: mx.array) -> mx.array:
     """Captured target layer outputs for whole (N, S) sequences, causal, no cache."""
     _, features = target.forward(tokens, None, last_only=True)
     return mx.stop_gradient(features)
+
+
+def soft_labels(target, tokens: mx.array, top_k: int):
+    """Captured features as `target_features`, and the target's next-token
+    distribution at every position as its `top_k` most likely ids (N, S, k)
+    and their probabilities (the rest of the mass is left out): `block_loss`'s
+    `soft`. One forward for both."""
+    logits, features = target.forward(tokens, None)
+    logits = logits.astype(mx.float32)
+    k = min(top_k, logits.shape[-1])
+    ids = mx.argpartition(-logits, kth=k - 1, axis=-1)[..., :k]
+    logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    probs = mx.exp(mx.take_along_axis(logp, ids, axis=-1))
+    return mx.stop_gradient(features), (ids, mx.stop_gradient(probs))

@@ -22,6 +22,7 @@ from .objective import (
     dense_head,
     label_rows,
     sample_anchors,
+    soft_labels,
     target_features,
 )
 
@@ -49,6 +50,17 @@ class TrainArgs:
             "help": "cap on sequences x padded length per batch: batches of long "
             "sequences hold fewer (and similar lengths are batched together)"
         },
+    )
+    soft_labels: float = field(
+        default=0.0,
+        metadata={
+            "help": "weight (0-1) of the target's own next-token distributions "
+            "(its top --soft-top-k probabilities) in the loss; the rest is the "
+            "cross-entropy with the data's tokens"
+        },
+    )
+    soft_top_k: int = field(
+        default=16, metadata={"help": "target probabilities kept per position"}
     )
     seed: int = field(default=0, metadata={"help": "rng seed"})
     save_every: int = field(
@@ -251,7 +263,7 @@ def train(
         raise ValueError("the training set is empty")
     head = dense_head(target, draft.dtype)
 
-    def loss_fn(model, tok, lengths, feats, anc, val, rows):
+    def loss_fn(model, tok, lengths, feats, anc, val, rows, soft):
         return block_loss(
             model,
             target,
@@ -263,13 +275,18 @@ def train(
             gamma=gamma,
             rows=rows,
             head=head,
+            soft=soft,
+            soft_weight=args.soft_labels,
         )
 
     grad_fn = nn.value_and_grad(draft, loss_fn)
 
     def step_fn(tok, lengths, anc, val, rows):
-        feats = target_features(target, tok)
-        (loss, stats), grads = grad_fn(draft, tok, lengths, feats, anc, val, rows)
+        if args.soft_labels > 0:
+            feats, soft = soft_labels(target, tok, args.soft_top_k)
+        else:
+            feats, soft = target_features(target, tok), None
+        (loss, stats), grads = grad_fn(draft, tok, lengths, feats, anc, val, rows, soft)
         grads, norm = optim.clip_grad_norm(grads, args.grad_clip)
         opt.update(draft, grads)
         return loss, stats, norm
