@@ -34,7 +34,14 @@ def main():
     p.add_argument("--ways", default="together,per-row",
                    help="together: the rows' starts in one mx.async_eval (as shipped); "
                    "per-row: one per row (starts.together off)")
+    p.add_argument("--stock-elements", type=int, default=None,
+                   help="matmul.STOCK_ELEMENTS for this run (0: every dense product of "
+                   "more than WIDE_ROWS rows takes stock's matmul, q/k/v and o included)")
     a = p.parse_args()
+    if a.stock_elements is not None:
+        from mlx_dflash.kernels import matmul
+
+        matmul.STOCK_ELEMENTS = a.stock_elements
     from mlx_lm.generate import generate_step as stock_step
 
     from contextlib import nullcontext
