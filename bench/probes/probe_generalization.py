@@ -1,15 +1,16 @@
 """Probe: how far the default drafter's tau is from memorisation vs distribution.
 
-    python bench/probes/probe_generalization.py [N] [TOKENS] [DRAFT]
+    python bench/probes/probe_generalization.py [N] [TOKENS] [DRAFT] [SEED] [COUNT]
 
-Greedy tau (block 16, no fallback, the pair as `generate` loads it, float32 on
-this CPU, OpenBLAS where present; every output checked against mlx_lm's own
-greedy decoding) on three prompt sets of N each: the hand-written natural
-held-out set (2 a category), the composed natural prompts of the training
-generator with the recipe's seed (`natural_prompts(14000, seed=0)`: the
-recipe generated responses to a random half of them), and prompts of the
-same generator with another seed that the seed-0 set does not contain. One
-JSON line per set.
+Greedy tau (block 16, no fallback, the drafter alone (no prompt lookup), the
+pair as `generate` loads it otherwise, float32 on this CPU, OpenBLAS where
+present; every output checked against mlx_lm's own greedy decoding) on three
+prompt sets of N each: the hand-written natural held-out set (2 a category),
+the composed natural prompts of the training generator with a recipe's seed
+(`natural_prompts(COUNT, seed=SEED)`, default 14000 and 0, stage 3's: a
+recipe answers about half of them), and prompts of the same generator with
+another seed that neither that set nor seed 0's 14000 contain. One JSON line
+per set.
 """
 
 import json
@@ -36,13 +37,15 @@ def main():
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 18
     tokens = int(sys.argv[2]) if len(sys.argv) > 2 else 64
     draft = sys.argv[3] if len(sys.argv) > 3 else str(DEFAULT_DRAFT)
-    pair = load_pair(None, draft, dtype=mx.float32)
-    train = natural_prompts(14000, seed=0)
-    seen = {key(p) for p in train}
+    seed = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+    count = int(sys.argv[5]) if len(sys.argv) > 5 else 14000
+    pair = load_pair(None, draft, dtype=mx.float32, prompt_lookup="off")
+    train = natural_prompts(count, seed=seed)
+    seen = {key(p) for p in train} | {key(p) for p in natural_prompts(14000, seed=0)}
     unseen = [p for p in natural_prompts(3000, seed=777) if key(p) not in seen]
     random.Random(1).shuffle(train)
     random.Random(1).shuffle(unseen)
-    sets = [("held_out", natural_held_out(2)[:n]), ("train_seed0", train[:n]), ("unseen_seed777", unseen[:n])]
+    sets = [("held_out", natural_held_out(2)[:n]), (f"train_seed{seed}", train[:n]), ("unseen_seed777", unseen[:n])]
     for name, prompts in sets:
         t0 = time.time()
         r = run_suite(pair.target, pair.drafter, pair.tokenizer, prompts, max_tokens=tokens)
