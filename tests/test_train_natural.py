@@ -6,6 +6,7 @@ from collections import Counter
 
 import mlx.core as mx
 import numpy as np
+import pytest
 from helpers import chat_model, make_tokenizer
 from models import VOCAB, tiny_model
 
@@ -20,6 +21,30 @@ from mlx_dflash.train.evaluate import (
 from mlx_dflash.train.natural import DEFAULT_MIX, natural_prompts, shared_spans
 from mlx_dflash.train.prompts import encode_messages
 from mlx_dflash.train.trainer import TrainArgs, batch_rows, init_draft, shuffled
+
+
+def test_natural_pieces_1_compose_what_stages_3_to_5_were_trained_on():
+    # The recipe stays reproducible: version 1's draws are unchanged by
+    # the pieces that version 2 adds.
+    import hashlib
+
+    def digest(ps):
+        return hashlib.sha256(json.dumps([p.messages for p in ps]).encode()).hexdigest()[:16]
+
+    assert digest(natural_prompts(2000, seed=0)) == "596e0471c29abdea"
+    with pytest.raises(ValueError, match="pieces 3"):
+        natural_prompts(10, pieces=3)
+
+
+def test_natural_pieces_2_are_wider_and_disjoint_from_held_out():
+    one, two = natural_prompts(3000, seed=0), natural_prompts(3000, seed=0, pieces=2)
+    assert set(Counter(p.kind for p in two)) == set(DEFAULT_MIX) and len(two) == 3000
+    assert len({p.text for p in two} - {p.text for p in one}) > 1000
+    # Conceptual and one-line code_explain requests (no pasted block).
+    assert any(p.kind == "code_explain" and "```" not in p.text for p in two)
+    held = natural_held_out()
+    assert not {p.text for p in held} & {p.text for p in two}
+    assert shared_spans(two, held, n=10) == []
 
 
 def test_held_out_natural_covers_every_category():

@@ -11,7 +11,8 @@
 #
 # call 1 (~525 s): the target answers the prompts (<= GEN_SECONDS: NATURAL natural requests,
 #   WIDE of the old 'wide' prompts, LONG agent transcripts of LONG_TOKENS tokens; a SAMPLED
-#   share at T 1.0, the rest greedy; <= 256 new tokens; SEED picks the prompts), then
+#   share at T 1.0, the rest greedy; <= 256 new tokens; SEED picks the prompts, PIECES the
+#   version of the pieces the natural requests are composed from: --natural-pieces), then
 #   fine-tuning from INIT starts and runs until CALL_SECONDS after the call began (checkpoint
 #   every 200 steps; SOFT > 0 weighs in the target's own top-SOFT_K distributions, --soft-labels).
 # call 2 (~525 s): fine-tuning resumes until EVAL_SECONDS + PACK_SECONDS before CALL_SECONDS,
@@ -53,7 +54,8 @@ export MLX_ENABLE_TF32=${MLX_ENABLE_TF32:-1}
 left() { echo $((CALL_SECONDS - ($(date +%s) - t0) - ${1:-0})); }
 # --batch-tokens 12288: at 24576 (three 8k sequences a batch) MLX CUDA 0.32.4 died within 50 steps
 # with "an illegal memory access" (bench/results/train-natural-train-crash.log); 12288 ran 2,164.
-common=(--model "$gguf" --seed "${SEED:-0}" --dtype "$DTYPE" --max-new-tokens "${MAX_NEW:-256}" --prompt-set natural)
+common=(--model "$gguf" --seed "${SEED:-0}" --dtype "$DTYPE" --max-new-tokens "${MAX_NEW:-256}" --prompt-set natural
+  --natural-pieces "${PIECES:-1}")
 
 train() {
   resume=()

@@ -94,6 +94,15 @@ def build_parser(parser=None):
         "--natural-prompts", type=int, default=20000, help="natural set: requests like people's"
     )
     p.add_argument(
+        "--natural-pieces",
+        type=int,
+        default=1,
+        choices=[1, 2],
+        help="natural set: version of the hand-written pieces its requests are "
+        "composed from (1: the default drafter's stages 3-5; 2: those and more "
+        "tasks, request phrasings, concept questions, chat topics and word problems)",
+    )
+    p.add_argument(
         "--wide-prompts", type=int, default=6000, help="natural set: 'wide' prompts kept in the mix"
     )
     p.add_argument(
@@ -261,7 +270,7 @@ def training_prompts(tokenizer, a, seed):
     lo, hi = (int(x) for x in a.long_tokens.split(","))
     wide = build_prompts(seed=seed, wide=True)[0][: a.wide_prompts]
     return (
-        natural_prompts(a.natural_prompts, seed=seed)
+        natural_prompts(a.natural_prompts, seed=seed, pieces=a.natural_pieces)
         + wide
         + long_prompts(tokenizer, a.long_prompts, seed=seed, lengths=(lo, hi))
     )

@@ -14,6 +14,7 @@ that no held-out prompt shares a long word span with a training prompt.
 import ast
 import random
 import re
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Dict, List, Sequence
 
@@ -258,6 +259,204 @@ TOOL_RESULTS = [
 ]
 
 
+# --- Pieces added for `pieces=2` (twenty-second session): the generator's own
+# unseen prompts score as high as its seen ones while hand-written ones stay
+# far lower (bench/results/cpu-probe-generalization-stage5.jsonl), so version 2
+# widens what the requests are about and how they are put. Version 1 (above)
+# stays what stages 3-5 of the default drafter were trained on.
+TASKS_2 = [
+    "removes duplicate lines from a text file but keeps the order",
+    "checks whether a string is a valid email address (roughly)",
+    "converts a temperature between Celsius and Fahrenheit",
+    "groups a list of words by their first letter",
+    "downloads a web page and counts the links on it",
+    "reverses the words in a sentence",
+    "turns a list of pairs into a dictionary, summing values of repeated keys",
+    "finds the most common element in a list",
+    "pads a number with leading zeros to a given width",
+    "paginates a list: page number and page size in, items out",
+    "computes a running average of a stream of numbers",
+    "checks if a string has balanced brackets",
+    "splits a full name into first and last name",
+    "calculates the number of business days between two dates",
+    "renames all .jpeg files in a folder to .jpg",
+    "reads environment variables with defaults into a config object",
+    "returns the n largest files in a directory",
+    "converts a hex color like #ff8800 to RGB",
+    "zips two lists into a list of tuples, padding the shorter one",
+    "counts lines of code in a project, skipping blank lines and comments",
+    "validates that a password has a digit, an uppercase letter and 8+ characters",
+    "computes the distance between two latitude/longitude points",
+    "parses a simple INI file into nested maps",
+    "watches a file and prints new lines as they are appended",
+    "generates all permutations of a string",
+    "implements binary search on a sorted array",
+    "merges two sorted lists into one sorted list",
+    "sorts a list of records by two keys",
+    "throttles a function so it runs at most once per second",
+    "compresses a string like aaabcc into a3b1c2",
+    "checks whether two strings are anagrams",
+    "converts a number of minutes into hours and minutes",
+    "builds a URL with query parameters safely escaped",
+    "finds the first non-repeating character in a string",
+    "computes the factorial of n with big integers",
+    "reads a JSON file, updates one field and writes it back",
+    "draws a text progress bar for a loop",
+    "implements an LRU cache with a fixed capacity",
+    "checks whether a number is a palindrome without converting it to a string",
+    "splits a large file into chunks of 10 MB",
+    "schedules a task to run every five minutes",
+    "counts the occurrences of each character in a string",
+    "finds pairs in a list that add up to a target",
+    "validates a credit card number with the Luhn check",
+    "strips HTML tags from a string",
+    "computes the day of the year for a date",
+    "normalizes whitespace in a string",
+    "retries an HTTP request when the server returns 503",
+    "finds the deepest nesting level of a JSON document",
+    "converts a CSV file to JSON",
+    "generates a UUID and stores it with a timestamp",
+    "counts the number of islands in a grid of 0s and 1s",
+    "calculates compound interest over n years",
+    "tails the last 20 lines of a log file",
+    "maps HTTP status codes to short descriptions",
+    "checks if a binary tree is balanced",
+    "rounds a price to the nearest 5 cents",
+    "extracts all hashtags from a tweet",
+    "computes the checksum (SHA-256) of a file in chunks",
+    "parses command line flags --name and --count",
+]
+WRITE_2 = [
+    "hey can u write a {lang} func that {task}",
+    "For a school project I need {lang} code that {task}. Please explain it too.",
+    "At work we need a {lang} utility that {task}. Performance matters a bit.",
+    "Write {lang} that {task}. No external libraries.",
+    "I'm a beginner in {lang}. How would I make something that {task}?",
+    "Give me two ways in {lang} to write a function that {task}, and say which is better.",
+    "{lang} please - a function that {task}. Include a couple of tests.",
+    "Could you write me a {lang} script that {task}? I'll run it from the terminal.",
+    "what's a short {lang} snippet that {task}",
+    "Implement this in {lang}: a function that {task}. Then tell me its time complexity.",
+]
+# Conceptual questions a code_explain request may be instead of pasted code.
+CONCEPTS = [
+    "What is the difference between a process and a thread?",
+    "Explain git rebase vs git merge. When should I use which?",
+    "What does `async`/`await` actually do in JavaScript?",
+    "Why is my Python list comprehension faster than a for loop?",
+    "What's a closure? Give me an example.",
+    "How does a hash map work under the hood?",
+    "what is dependency injection and why do people use it",
+    "Explain Big O notation like I'm new to programming.",
+    "What is the GIL in Python?",
+    "What does `volatile` mean in Java?",
+    "Can you explain what a REST API is?",
+    "What is the difference between == and === in JavaScript?",
+    "How do Docker containers differ from virtual machines?",
+    "What is a race condition?",
+    "Why do people say global variables are bad?",
+    "What happens when I type a URL into the browser and press enter?",
+    "Explain recursion with a simple example.",
+    "What's the difference between an abstract class and an interface?",
+    "How does garbage collection work in Go?",
+    "What does `*args, **kwargs` mean in a Python function signature?",
+    "What is a SQL index and when does it help?",
+    "Explain the difference between a stack and a queue.",
+    "What does the `static` keyword do in C?",
+    "How do Rust's ownership rules prevent memory bugs?",
+    "what's the point of unit tests if the code already works",
+    "What is a mutex and how is it different from a semaphore?",
+    "How does HTTPS keep my data safe?",
+    "What is memoization?",
+    "Explain what `git stash` does.",
+    "What's the difference between `let`, `const` and `var`?",
+]
+# Short inline code asked about (the held-out set's one-liners are its own).
+INLINE = [
+    ("Python", "`words = sorted(set(text.split()), key=len)`"),
+    ("Python", "`total = sum(x for x in nums if x > 0)`"),
+    ("JavaScript", "`const ids = users.map(u => u.id).filter(Boolean);`"),
+    ("Python", "`first, *rest = line.split(',')`"),
+    ("Bash", "`find . -name '*.log' -mtime +7 -delete`"),
+    ("SQL", "`SELECT dept, COUNT(*) FROM staff GROUP BY dept HAVING COUNT(*) > 5;`"),
+    ("Python", "`lookup = dict(zip(keys, values))`"),
+    ("JavaScript", "`const copy = { ...settings, theme: 'dark' };`"),
+    ("Go", "`defer f.Close()`"),
+    ("Rust", "`let n: u32 = input.trim().parse().unwrap_or(0);`"),
+    ("Python", "`with open(path) as f: rows = [l.rstrip('\\n') for l in f]`"),
+    ("Bash", "`grep -rn TODO src/ | wc -l`"),
+]
+INLINE_ASKS = [
+    "What does this {lang} line do? {code}",
+    "Can someone explain {code} ({lang})?",
+    "In {lang}, what is {code} doing exactly?",
+]
+CHAT_2 = [
+    "How do I stop procrastinating on a big project?",
+    "what's a good way to start running if I've never done it",
+    "Is it better to rent or buy a house?",
+    "How can I be a better listener?",
+    "What are some easy houseplants for a dark room?",
+    "How do I clean a cast iron pan?",
+    "Can you recommend a few classic novels for someone who doesn't read much?",
+    "why is the sky blue",
+    "How should I prepare for a job interview at a startup?",
+    "What's the difference between weather and climate?",
+    "Tips for traveling on a budget in Europe?",
+    "How do I deal with a noisy neighbor politely?",
+    "What are some ways to reduce stress before exams?",
+    "How do airplanes stay in the air?",
+    "What should I look for when buying a used car?",
+    "how do i make friends in a new city",
+    "Explain inflation in simple words.",
+    "What are some good board games for four adults?",
+    "How much water should I drink a day?",
+    "What's a good routine for learning to draw?",
+    "Can you give me ideas for a 10-year-old's birthday party?",
+    "How do I start a vegetable garden on a balcony?",
+    "Why do we dream?",
+    "What's the best way to keep a conversation going on a first date?",
+    "How do solar panels work?",
+    "How can I improve my handwriting?",
+    "What are the pros and cons of electric cars?",
+    "How do I politely say no to extra work?",
+    "Suggest some healthy snacks for work.",
+    "What's a simple way to start meditating?",
+    "How do I remove a coffee stain from a white shirt?",
+    "What is the stock market, basically?",
+    "give me a few ideas for a weekend trip near the mountains",
+    "How do I teach my dog to stop pulling on the leash?",
+    "What's the history of the Olympic Games in a few sentences?",
+    "How does a credit score work?",
+    "What are some good ways to practice speaking a new language alone?",
+    "How do I fix a squeaky door?",
+    "What is photosynthesis?",
+    "How can I get better at saving money each month?",
+]
+WHO_2 = ["a teenager", "working two jobs", "just moved abroad", "a small business owner",
+         "recovering from a knee injury", "a first-time manager", "living with roommates"]
+WRITING_2 = ["a birthday message", "a short speech", "a reminder email", "a haiku",
+             "a resignation letter", "a bio for my website", "a note for my neighbor"]
+WRITING_ABOUT_2 = [
+    "for my best friend who is turning 30", "asking my team to submit timesheets by Friday",
+    "about the first snow of the year", "about leaving my job after five years",
+    "for a freelance graphic designer", "asking them to keep the hallway clear",
+    "congratulating a colleague on a promotion", "about my grandmother's garden",
+]
+MATH_2 = [
+    "A recipe needs {a} eggs for {b} people. How many eggs for {big} people?",
+    "{n1} saves ${a} every week. How many weeks until {n1} has ${big}?",
+    "A movie starts at {a}:15 pm and runs for {big} minutes. When does it end?",
+    "A rectangle has a perimeter of {big} cm and one side of {a} cm. What is its area?",
+    "What is {a}/{b} + {c}/{a} as a fraction in lowest terms?",
+    "{n1} ran {a} km on Monday, {b} km on Tuesday and {c} km on Wednesday. What was the average per day?",
+    "A shirt costs ${big} and is on sale for {c}0% off. What is the sale price?",
+    "How many seconds are there in {a} hours and {b} minutes?",
+    "A tank holds {big} liters and fills at {a} liters per minute. How long to fill it halfway?",
+    "{n1} is twice as old as {n2}. Together they are {big} years old. How old is each?",
+]
+
+
 @lru_cache(maxsize=None)
 def stdlib_snippets() -> List[str]:
     """Top-level functions (4-40 lines) of the training share of stdlib files."""
@@ -308,9 +507,46 @@ def _snippet_prompt(rng, category):
     return ask.format(lang=lang, code=code, new="process_" + rng.choice(ITEMS))
 
 
-def _math(rng):
+@dataclass(frozen=True)
+class Pieces:
+    """What `natural_prompts` composes from (see PIECES)."""
+
+    tasks: Sequence[str]
+    write: Sequence[str]
+    chat: Sequence[str]
+    who: Sequence[str]
+    writing: Sequence[str]
+    writing_about: Sequence[str]
+    math: Sequence[str]
+    concepts: Sequence[str] = ()  # code_explain without pasted code
+    inline: Sequence[tuple] = ()  # (language, one line of code) to explain
+
+
+# 1: what stages 3-5 of the default drafter were trained on; 2: those and the
+# pieces added in the twenty-second session.
+PIECES = {
+    1: Pieces(TASKS, WRITE, CHAT, WHO, WRITING, WRITING_ABOUT, MATH),
+    2: Pieces(
+        TASKS + TASKS_2, WRITE + WRITE_2, CHAT + CHAT_2, WHO + WHO_2,
+        WRITING + WRITING_2, WRITING_ABOUT + WRITING_ABOUT_2, MATH + MATH_2,
+        CONCEPTS, INLINE,
+    ),
+}
+
+
+def _explain(rng, pc: Pieces):
+    """A code_explain request: pasted code, or (version 2) a concept or a line."""
+    if pc.concepts and rng.random() < 0.4:
+        if rng.random() < 0.6:
+            return rng.choice(pc.concepts)
+        lang, code = rng.choice(pc.inline)
+        return rng.choice(INLINE_ASKS).format(lang=lang, code=code)
+    return _snippet_prompt(rng, "code_explain")
+
+
+def _math(rng, pc: Pieces):
     a, b, c = rng.randint(2, 12), rng.randint(2, 20), rng.randint(1, 9)
-    text = rng.choice(MATH).format(
+    text = rng.choice(pc.math).format(
         n1=rng.choice(NAMES), n2=rng.choice(NAMES), item=rng.choice(ITEMS),
         a=a, b=b, c=c, p=rng.randint(2, 15), bill=rng.choice([20, 50, 100]),
         big=rng.randint(40, 400), p2=rng.randint(40, 400),
@@ -336,13 +572,14 @@ def _tool_use(rng):
     return msgs
 
 
-def _chat(rng):
+def _chat(rng, pc: Pieces):
     r = rng.random()
     if r < 0.4:
-        q = rng.choice(CHAT)
-        return _user(rng.choice(CHAT_ABOUT).format(q=q, who=rng.choice(WHO)))
+        q = rng.choice(pc.chat)
+        return _user(rng.choice(CHAT_ABOUT).format(q=q, who=rng.choice(pc.who)))
     if r < 0.7:
-        return _user(f"Write {rng.choice(WRITING)} {rng.choice(WRITING_ABOUT)}.{rng.choice(TONES)}")
+        what, about = rng.choice(pc.writing), rng.choice(pc.writing_about)
+        return _user(f"Write {what} {about}.{rng.choice(TONES)}")
     first, reply = rng.choice(FIRST_TURNS)
     return [
         {"role": "user", "content": first},
@@ -358,8 +595,14 @@ DEFAULT_MIX = {
 }
 
 
-def natural_prompts(n: int, *, seed: int = 0, mix: Dict[str, float] = DEFAULT_MIX) -> List[Prompt]:
-    """`n` distinct natural prompts drawn by category shares `mix` (seeded)."""
+def natural_prompts(
+    n: int, *, seed: int = 0, mix: Dict[str, float] = DEFAULT_MIX, pieces: int = 1
+) -> List[Prompt]:
+    """`n` distinct natural prompts drawn by category shares `mix` (seeded),
+    composed from version `pieces` of the hand-written pieces (PIECES)."""
+    if pieces not in PIECES:
+        raise ValueError(f"pieces {pieces}: one of {sorted(PIECES)}")
+    pc = PIECES[pieces]
     rng = random.Random(seed)
     cats, weights = list(mix), list(mix.values())
     out, seen = [], set()
@@ -368,15 +611,17 @@ def natural_prompts(n: int, *, seed: int = 0, mix: Dict[str, float] = DEFAULT_MI
             break
         cat = rng.choices(cats, weights)[0]
         if cat == "code_write":
-            msgs = _user(rng.choice(WRITE).format(lang=rng.choice(LANGUAGES), task=rng.choice(TASKS)))
+            msgs = _user(rng.choice(pc.write).format(lang=rng.choice(LANGUAGES), task=rng.choice(pc.tasks)))
+        elif cat == "code_explain":
+            msgs = _user(_explain(rng, pc))
         elif cat in SNIPPET_ASKS:
             msgs = _user(_snippet_prompt(rng, cat))
         elif cat == "math":
-            msgs = _user(_math(rng))
+            msgs = _user(_math(rng, pc))
         elif cat == "tool_use":
             msgs = _tool_use(rng)
         else:
-            msgs = _chat(rng)
+            msgs = _chat(rng, pc)
         key = tuple((m["role"], m["content"]) for m in msgs)
         if key not in seen:
             seen.add(key)
