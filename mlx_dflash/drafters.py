@@ -220,7 +220,10 @@ def precommit(drafters: Sequence[Drafter], kept: Sequence[int], features: mx.arr
     """
     for rows in _shared_drafts(drafters, kept):
         first = rows[0][1]
-        feats = features[mx.array([b for b, _, _ in rows])]
+        which = [b for b, _, _ in rows]
+        # Every row of the batch in order (the usual case) needs no gather.
+        whole = which == list(range(features.shape[0]))
+        feats = features if whole else features[mx.array(which)]
         kvs = [[] for _ in rows]
         # Every layer holds the same context: one offset per row.
         offset = mx.array([d.cache[0].offset for _, d, _ in rows], mx.int32)

@@ -385,10 +385,12 @@ def test_one_batched_draft_forward_gives_each_row_its_own_logits(sliding):
         assert d.ready is None  # taken once
 
 
-def test_one_batched_context_pass_gives_each_row_its_own_caches():
+@pytest.mark.parametrize("lookup_row", [False, True])
+def test_one_batched_context_pass_gives_each_row_its_own_caches(lookup_row):
     """`precommit`: rows' newly committed context (different lengths kept of
     one batched verify's captures, different context lengths before) in one
-    draft pass leaves each drafter's caches as its own commit would."""
+    draft pass leaves each drafter's caches as its own commit would; with a
+    prompt-lookup row among them, the DFlash rows' captures are picked out."""
     target = Target(model_of("qwen3"))
     draft = random_dflash(target).draft
     width, kept = 8, [3, 8, 1]
@@ -400,7 +402,10 @@ def test_one_batched_context_pass_gives_each_row_its_own_caches():
             out.append(d)
     F = len(draft.args.target_layer_ids) * target.hidden_size
     features = mx.random.normal((3, width, F))
-    precommit(mine, kept, features)
+    rows = [mine[0], PromptLookupDrafter(), mine[2]] if lookup_row else mine
+    precommit(rows, kept, features)
+    if lookup_row:
+        assert mine[1].ready_kv is None  # not in the pass: its own commit runs
     for b, m in enumerate(kept):
         mine[b].commit([0] * m, features[b : b + 1, :m])
         own[b].commit([0] * m, features[b : b + 1, :m])
