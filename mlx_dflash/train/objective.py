@@ -202,9 +202,6 @@ def block_loss(
     h = draft_blocks_forward(draft, embeds, mx.stop_gradient(features), anchors)
     valid = (pos < lengths[:, None, None]) & anchor_valid[:, :, None]
     w = position_weights(B, gamma) * valid  # (N, A, B-1)
-    # The target's distribution for the label at position t is its output at t - 1.
-    S = tokens.shape[1]
-    at = (mx.arange(pos.shape[0])[:, None, None] * S + mx.minimum(pos, S) - 1).reshape(-1)
     h, labels, w = (
         h[:, :, 1:].reshape(-1, h.shape[-1]),
         labels.reshape(-1),
@@ -212,10 +209,16 @@ def block_loss(
     )
     if rows is not None:
         sel = mx.maximum(rows, 0)
-        h, labels, w, at = h[sel], labels[sel], w[sel] * (rows >= 0), at[sel]
+        h, labels, w = h[sel], labels[sel], w[sel] * (rows >= 0)
     logits = head(h).astype(mx.float32)  # (rows, V)
     ce = nn.losses.cross_entropy(logits, labels, reduction="none")
     if soft is not None and soft_weight > 0:
+        # The target's distribution for the label at position t is its output
+        # at t - 1 (flat index into the (N * S) positions of `soft`).
+        S = tokens.shape[1]
+        at = (mx.arange(pos.shape[0])[:, None, None] * S + mx.minimum(pos, S) - 1).reshape(-1)
+        if rows is not None:
+            at = at[sel]
         ids, probs = (x.reshape(-1, x.shape[-1])[at] for x in soft)
         logq = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         soft_ce = -(probs * mx.take_along_axis(logq, ids, axis=-1)).sum(-1)
