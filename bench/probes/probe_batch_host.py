@@ -37,6 +37,9 @@ def main():
     p.add_argument("--stock-elements", type=int, default=None,
                    help="matmul.STOCK_ELEMENTS for this run (0: every dense product of "
                    "more than WIDE_ROWS rows takes stock's matmul, q/k/v and o included)")
+    p.add_argument("--dump", default=None,
+                   help="write every function's ms and calls per cycle, per batch size, "
+                   "to this JSON file (to compare two versions of the code)")
     a = p.parse_args()
     if a.stock_elements is not None:
         from mlx_dflash.kernels import matmul
@@ -100,6 +103,9 @@ def main():
             "wall_ms_median": round(steps[len(steps) // 2] * 1e3, 3),
             "profiled_ms_per_cycle": round(sum(psteps) * 1e3 / n, 3),
         }), flush=True)
+    if a.dump:
+        with open(a.dump, "w") as f:
+            json.dump({c: t for c, t in tables.items()}, f)
     cs = sorted(tables)
     lo, hi = tables[cs[0]], tables[cs[-1]]
     grow = sorted(set(lo) | set(hi), key=lambda k: -(hi.get(k, (0, 0))[0] - lo.get(k, (0, 0))[0]))
