@@ -45,6 +45,18 @@ def test_natural_pieces_2_are_wider_and_disjoint_from_held_out():
     held = natural_held_out()
     assert not {p.text for p in held} & {p.text for p in two}
     assert shared_spans(two, held, n=10) == []
+    # No piece (a question, a task, a snippet...) is a held-out prompt or inside one.
+    import mlx_dflash.train.natural as natural
+
+    texts = [h.text.lower() for h in held]
+    for name in dir(natural):
+        pieces = getattr(natural, name)
+        if not name.isupper() or not isinstance(pieces, (list, tuple)):
+            continue
+        for item in pieces:
+            for x in item if isinstance(item, tuple) else (item,):
+                if isinstance(x, str) and len(x) > 15:
+                    assert not any(x.lower() in t for t in texts), (name, x)
 
 
 def test_held_out_natural_covers_every_category():

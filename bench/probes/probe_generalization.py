@@ -1,16 +1,19 @@
 """Probe: how far the default drafter's tau is from memorisation vs distribution.
 
-    python bench/probes/probe_generalization.py [N] [TOKENS] [DRAFT] [SEED] [COUNT]
+    python bench/probes/probe_generalization.py [N] [TOKENS] [DRAFT] [SEED] [COUNT] [SETS]
 
 Greedy tau (block 16, no fallback, the drafter alone (no prompt lookup), the
 pair as `generate` loads it otherwise, float32 on this CPU, OpenBLAS where
-present; every output checked against mlx_lm's own greedy decoding) on three
-prompt sets of N each: the hand-written natural held-out set (2 a category),
-the composed natural prompts of the training generator with a recipe's seed
-(`natural_prompts(COUNT, seed=SEED)`, default 14000 and 0, stage 3's: a
-recipe answers about half of them), and prompts of the same generator with
-another seed that neither that set nor seed 0's 14000 contain. One JSON line
-per set.
+present; every output checked against mlx_lm's own greedy decoding) on prompt
+sets of N each: `held_out`, the hand-written natural held-out set (2 a
+category); `train`, the composed natural prompts of the training generator with
+a recipe's seed (`natural_prompts(COUNT, seed=SEED)`, default 14000 and 0,
+stage 3's: a recipe answers about half of them); `unseen`, prompts of the same
+generator with another seed that neither that set nor seed 0's 14000 contain;
+`unseen2`, the same from version 2 of the generator's pieces (`pieces=2`).
+SETS (comma-separated, default held_out,train,unseen) picks them. The composed
+sets take N // 9 prompts a category (the held-out set's mix), N in all when N
+is a multiple of 9. One JSON line per set.
 """
 
 import json
@@ -33,20 +36,39 @@ def key(p):
     return tuple((m["role"], m["content"]) for m in p.messages)
 
 
+def by_category(prompts, n):
+    """The first n // 9 of each category (after a seeded shuffle), in turn."""
+    prompts = list(prompts)
+    random.Random(1).shuffle(prompts)
+    cats = {}
+    for p in prompts:
+        cats.setdefault(p.kind, []).append(p)
+    per = max(1, n // len(cats))
+    return [p for c in sorted(cats) for p in cats[c][:per]]
+
+
 def main():
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 18
     tokens = int(sys.argv[2]) if len(sys.argv) > 2 else 64
     draft = sys.argv[3] if len(sys.argv) > 3 else str(DEFAULT_DRAFT)
     seed = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     count = int(sys.argv[5]) if len(sys.argv) > 5 else 14000
+    wanted = (sys.argv[6] if len(sys.argv) > 6 else "held_out,train,unseen").split(",")
     pair = load_pair(None, draft, dtype=mx.float32, prompt_lookup="off")
     train = natural_prompts(count, seed=seed)
     seen = {key(p) for p in train} | {key(p) for p in natural_prompts(14000, seed=0)}
-    unseen = [p for p in natural_prompts(3000, seed=777) if key(p) not in seen]
-    random.Random(1).shuffle(train)
-    random.Random(1).shuffle(unseen)
-    sets = [("held_out", natural_held_out(2)[:n]), (f"train_seed{seed}", train[:n]), ("unseen_seed777", unseen[:n])]
-    for name, prompts in sets:
+
+    def unseen(pieces):
+        return [p for p in natural_prompts(3000, seed=777, pieces=pieces) if key(p) not in seen]
+
+    make = {
+        "held_out": lambda: ("held_out", natural_held_out(2)[:n]),
+        "train": lambda: (f"train_seed{seed}", by_category(train, n)),
+        "unseen": lambda: ("unseen_seed777", by_category(unseen(1), n)),
+        "unseen2": lambda: ("unseen_seed777_pieces2", by_category(unseen(2), n)),
+    }
+    for want in wanted:
+        name, prompts = make[want]()
         t0 = time.time()
         r = run_suite(pair.target, pair.drafter, pair.tokenizer, prompts, max_tokens=tokens)
         print(json.dumps({

@@ -16,7 +16,7 @@ import random
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from .agent_context import HARNESSES, _read, stdlib_files, system_prompt, transcript
 from .prompts import Prompt
@@ -394,14 +394,14 @@ INLINE_ASKS = [
 CHAT_2 = [
     "How do I stop procrastinating on a big project?",
     "what's a good way to start running if I've never done it",
-    "Is it better to rent or buy a house?",
+    "Should I pay off my student loan early or invest the money?",
     "How can I be a better listener?",
     "What are some easy houseplants for a dark room?",
     "How do I clean a cast iron pan?",
     "Can you recommend a few classic novels for someone who doesn't read much?",
-    "why is the sky blue",
+    "why do onions make you cry",
     "How should I prepare for a job interview at a startup?",
-    "What's the difference between weather and climate?",
+    "What actually happens when you put metal in a microwave?",
     "Tips for traveling on a budget in Europe?",
     "How do I deal with a noisy neighbor politely?",
     "What are some ways to reduce stress before exams?",
@@ -457,6 +457,83 @@ MATH_2 = [
 ]
 
 
+# Version 2's snippet requests: code people paste from their own projects
+# (not the standard library's), in several languages; asks put their own way;
+# and test requests that describe the function instead of pasting it. At stage
+# 5 the generator's unseen snippet requests scored τ 3.0-5.9 a category against
+# 2.4-2.8 for hand-written ones (bench/results/cpu-probe-generalization-s23.jsonl).
+SNIPPETS_2 = [
+    ("python", "def load_users(path):\n    users = []\n    with open(path) as f:\n        for line in f:\n            name, age, city = line.strip().split(';')\n            users.append({'name': name, 'age': int(age), 'city': city})\n    return users"),
+    ("python", "class Cart:\n    def __init__(self):\n        self.items = {}\n\n    def add(self, sku, qty=1):\n        self.items[sku] = self.items.get(sku, 0) + qty\n\n    def remove(self, sku):\n        if sku in self.items:\n            del self.items[sku]\n\n    def total(self, prices):\n        return sum(prices[s] * q for s, q in self.items.items())"),
+    ("python", "import requests\n\ndef get_weather(city):\n    r = requests.get('https://api.example.com/weather', params={'q': city})\n    data = r.json()\n    return data['main']['temp'] - 273.15"),
+    ("python", "def chunk_text(text, size):\n    words = text.split()\n    chunks = []\n    current = []\n    for w in words:\n        current.append(w)\n        if len(current) == size:\n            chunks.append(' '.join(current))\n            current = []\n    if current:\n        chunks.append(' '.join(current))\n    return chunks"),
+    ("python", "import pandas as pd\n\ndf = pd.read_csv('sales.csv')\ndf['month'] = pd.to_datetime(df['date']).dt.month\nmonthly = df.groupby('month')['amount'].sum()\nprint(monthly.sort_values(ascending=False).head(3))"),
+    ("python", "from flask import Flask, request, jsonify\n\napp = Flask(__name__)\ntodos = []\n\n@app.route('/todos', methods=['POST'])\ndef add_todo():\n    todo = request.get_json()\n    todos.append(todo)\n    return jsonify(todo), 201"),
+    ("python", "def parse_duration(s):\n    units = {'h': 3600, 'm': 60, 's': 1}\n    total = 0\n    number = ''\n    for ch in s:\n        if ch.isdigit():\n            number += ch\n        else:\n            total += int(number) * units[ch]\n            number = ''\n    return total"),
+    ("python", "def retry(fn, attempts=3):\n    for i in range(attempts):\n        try:\n            return fn()\n        except Exception as e:\n            print('attempt', i + 1, 'failed:', e)\n    raise RuntimeError('all attempts failed')"),
+    ("python", "def top_scores(scores, n):\n    ranked = sorted(scores.items(), key=lambda kv: kv[1], reverse=True)\n    return [name for name, _ in ranked[:n]]"),
+    ("python", "import os\n\ndef folder_size(root):\n    size = 0\n    for dirpath, _, files in os.walk(root):\n        for name in files:\n            size += os.path.getsize(os.path.join(dirpath, name))\n    return size / 1024 / 1024"),
+    ("python", "def is_palindrome(s):\n    cleaned = [c.lower() for c in s if c.isalnum()]\n    return cleaned == cleaned[::-1]"),
+    ("python", "def flatten(nested):\n    out = []\n    for x in nested:\n        if isinstance(x, list):\n            out.extend(flatten(x))\n        else:\n            out.append(x)\n    return out"),
+    ("python", "def apply_discount(order):\n    if order['customer'] == 'vip':\n        if order['total'] > 100:\n            return order['total'] * 0.8\n        return order['total'] * 0.9\n    if order['total'] > 200:\n        return order['total'] * 0.95\n    return order['total']"),
+    ("python", "import sqlite3\n\ndef find_book(title):\n    conn = sqlite3.connect('library.db')\n    cur = conn.cursor()\n    cur.execute(\"SELECT * FROM books WHERE title = '\" + title + \"'\")\n    row = cur.fetchone()\n    conn.close()\n    return row"),
+    ("javascript", "async function loadPosts() {\n  const res = await fetch('/api/posts');\n  const posts = await res.json();\n  const list = document.getElementById('posts');\n  posts.forEach(p => {\n    const li = document.createElement('li');\n    li.textContent = p.title;\n    list.appendChild(li);\n  });\n}"),
+    ("javascript", "function debounce(fn, wait) {\n  let timer;\n  return function (...args) {\n    clearTimeout(timer);\n    timer = setTimeout(() => fn.apply(this, args), wait);\n  };\n}"),
+    ("javascript", "const express = require('express');\nconst app = express();\napp.use(express.json());\n\napp.get('/users/:id', async (req, res) => {\n  const user = await db.users.findById(req.params.id);\n  res.json(user);\n});\n\napp.listen(3000);"),
+    ("typescript", "interface Task {\n  id: number;\n  title: string;\n  done: boolean;\n}\n\nfunction pending(tasks: Task[]): string[] {\n  return tasks.filter(t => !t.done).map(t => t.title);\n}"),
+    ("typescript", "function groupBy<T>(items: T[], key: (x: T) => string): Record<string, T[]> {\n  const out: Record<string, T[]> = {};\n  for (const item of items) {\n    const k = key(item);\n    if (!out[k]) out[k] = [];\n    out[k].push(item);\n  }\n  return out;\n}"),
+    ("go", "func ReadLines(path string) ([]string, error) {\n\tf, err := os.Open(path)\n\tif err != nil {\n\t\treturn nil, err\n\t}\n\tdefer f.Close()\n\tvar lines []string\n\tscanner := bufio.NewScanner(f)\n\tfor scanner.Scan() {\n\t\tlines = append(lines, scanner.Text())\n\t}\n\treturn lines, scanner.Err()\n}"),
+    ("go", "func handler(w http.ResponseWriter, r *http.Request) {\n\tname := r.URL.Query().Get(\"name\")\n\tif name == \"\" {\n\t\tname = \"world\"\n\t}\n\tfmt.Fprintf(w, \"hello, %s\", name)\n}"),
+    ("rust", "fn average(values: &[f64]) -> Option<f64> {\n    if values.is_empty() {\n        return None;\n    }\n    Some(values.iter().sum::<f64>() / values.len() as f64)\n}"),
+    ("rust", "struct Inventory {\n    items: HashMap<String, u32>,\n}\n\nimpl Inventory {\n    fn add(&mut self, name: &str, n: u32) {\n        *self.items.entry(name.to_string()).or_insert(0) += n;\n    }\n}"),
+    ("java", "public List<String> longWords(List<String> words, int min) {\n    List<String> out = new ArrayList<>();\n    for (String w : words) {\n        if (w.length() > min) {\n            out.add(w.toLowerCase());\n        }\n    }\n    return out;\n}"),
+    ("java", "public class Temperature {\n    private double celsius;\n    public Temperature(double celsius) { this.celsius = celsius; }\n    public double toFahrenheit() { return celsius * 9 / 5 + 32; }\n}"),
+    ("csharp", "public static int CountVowels(string s)\n{\n    int count = 0;\n    foreach (char c in s.ToLower())\n    {\n        if (\"aeiou\".Contains(c)) count++;\n    }\n    return count;\n}"),
+    ("cpp", "#include <vector>\nint sumEven(const std::vector<int>& v) {\n    int total = 0;\n    for (size_t i = 0; i < v.size(); ++i) {\n        if (v[i] % 2 == 0) total += v[i];\n    }\n    return total;\n}"),
+    ("php", "function greet($name) {\n    if (empty($name)) {\n        return 'Hello, guest!';\n    }\n    return 'Hello, ' . ucfirst($name) . '!';\n}"),
+    ("sql", "SELECT department, COUNT(*) AS staff, AVG(salary) AS avg_salary\nFROM employees\nWHERE hired_on > '2020-01-01'\nGROUP BY department\nORDER BY avg_salary DESC;"),
+    ("bash", "#!/bin/bash\nset -e\nBACKUP=/backups/$(date +%F)\nmkdir -p $BACKUP\ncp -r ~/projects $BACKUP\necho \"backup done: $BACKUP\""),
+]
+SNIPPET_ASKS_2 = {
+    "code_explain": [
+        "I'm new to {lang}. Could you walk me through this?\n\n```{lang}\n{code}\n```",
+        "what is this doing exactly\n\n```{lang}\n{code}\n```",
+        "A coworker wrote this and left. Can you tell me what it does and if anything looks risky?\n\n```{lang}\n{code}\n```",
+    ],
+    "code_refactor": [
+        "Can you make this shorter without changing what it does?\n\n```{lang}\n{code}\n```",
+        "This works but it looks messy to me. How would an experienced {lang} developer write it?\n\n```{lang}\n{code}\n```",
+        "Rewrite this with early returns and better names:\n\n```{lang}\n{code}\n```",
+        "```{lang}\n{code}\n```\nany way to make this cleaner?",
+    ],
+    "code_test": [
+        "I need tests for this before I change it. What would you cover?\n\n```{lang}\n{code}\n```",
+        "Write a few unit tests for this {lang} code, with one failing case I should expect:\n\n```{lang}\n{code}\n```",
+    ],
+    "copy_edit": [
+        "Add comments explaining each step but don't touch the code itself:\n\n```{lang}\n{code}\n```",
+        "Give this function a `verbose` argument that prints what it is doing. Return the whole function.\n\n```{lang}\n{code}\n```",
+        "Please change every variable name to be more descriptive and send the complete code back:\n\n```{lang}\n{code}\n```",
+    ],
+    "code_fix": [
+        "This {lang} code doesn't do what I expect. Can you help me debug it?\n\n```{lang}\n{code}\n```",
+        "Can you review this for bugs? It's going to production tomorrow.\n\n```{lang}\n{code}\n```",
+        "```{lang}\n{code}\n```\nthe output is wrong and I can't see why",
+    ],
+}
+# code_test without pasted code: (language, test framework).
+TEST_FRAMEWORKS = [
+    ("Python", "pytest"), ("Python", "unittest"), ("JavaScript", "Jest"), ("TypeScript", "Vitest"),
+    ("Go", "table-driven Go"), ("Rust", "Rust unit"), ("Java", "JUnit 5"), ("C#", "xUnit"),
+    ("Ruby", "RSpec"),
+]
+DESCRIBED_TESTS = [
+    "Write {fw} tests for a {lang} function that {task}.",
+    "I wrote a {lang} function that {task}. Can you give me {fw} tests for it, edge cases included?",
+    "What should I test in a {lang} function that {task}? Write the tests with {fw}.",
+]
+
+
 @lru_cache(maxsize=None)
 def stdlib_snippets() -> List[str]:
     """Top-level functions (4-40 lines) of the training share of stdlib files."""
@@ -491,11 +568,28 @@ def _user(text: str) -> list:
     return [{"role": "user", "content": text}]
 
 
-def _snippet_prompt(rng, category):
-    if rng.random() < 0.8 or category in ("copy_edit",):
-        lang, code = "python", rng.choice(stdlib_snippets())
-    else:
-        lang, code = rng.choice(OTHER_SNIPPETS)
+def _snippet_prompt(rng, category, pc=None):
+    """A request about a pasted snippet; version 2's pieces (`pc.snippets`)
+    draw it from their own snippets and asks too, and put some test requests
+    as a described function (version 1's draws are unchanged)."""
+    wide = pc is not None and bool(pc.snippets)
+    if wide and category == "code_test" and rng.random() < 0.35:
+        lang, fw = rng.choice(TEST_FRAMEWORKS)
+        return rng.choice(DESCRIBED_TESTS).format(lang=lang, fw=fw, task=rng.choice(pc.tasks))
+    r = rng.random()
+    if not wide:
+        if r < 0.8 or category in ("copy_edit",):
+            lang, code = "python", rng.choice(stdlib_snippets())
+        else:
+            lang, code = rng.choice(OTHER_SNIPPETS)
+    else:  # copy_edit's asks (type hints, PEP 8, f-strings) are Python's
+        own = [x for x in pc.snippets if category != "copy_edit" or x[0] == "python"]
+        if r < 0.4:
+            lang, code = "python", rng.choice(stdlib_snippets())
+        elif r < 0.85 or category == "copy_edit":
+            lang, code = rng.choice(own)
+        else:
+            lang, code = rng.choice(OTHER_SNIPPETS)
     if category == "code_fix":
         hits = [(p, r) for p, r in MUTATIONS if re.search(p, code)]
         if hits:
@@ -503,8 +597,8 @@ def _snippet_prompt(rng, category):
             matches = list(re.finditer(p, code))
             m = rng.choice(matches)
             code = code[: m.start()] + re.sub(p, r, m.group(0)) + code[m.end() :]
-    ask = rng.choice(SNIPPET_ASKS[category])
-    return ask.format(lang=lang, code=code, new="process_" + rng.choice(ITEMS))
+    asks = SNIPPET_ASKS[category] + (pc.snippet_asks[category] if wide else [])
+    return rng.choice(asks).format(lang=lang, code=code, new="process_" + rng.choice(ITEMS))
 
 
 @dataclass(frozen=True)
@@ -520,6 +614,8 @@ class Pieces:
     math: Sequence[str]
     concepts: Sequence[str] = ()  # code_explain without pasted code
     inline: Sequence[tuple] = ()  # (language, one line of code) to explain
+    snippets: Sequence[tuple] = ()  # (language, code) of snippet requests besides stdlib's
+    snippet_asks: Optional[Dict[str, List[str]]] = None  # more asks a snippet category
 
 
 # 1: what stages 3-5 of the default drafter were trained on; 2: those and the
@@ -529,7 +625,7 @@ PIECES = {
     2: Pieces(
         TASKS + TASKS_2, WRITE + WRITE_2, CHAT + CHAT_2, WHO + WHO_2,
         WRITING + WRITING_2, WRITING_ABOUT + WRITING_ABOUT_2, MATH + MATH_2,
-        CONCEPTS, INLINE,
+        CONCEPTS, INLINE, SNIPPETS_2, SNIPPET_ASKS_2,
     ),
 }
 
@@ -541,7 +637,7 @@ def _explain(rng, pc: Pieces):
             return rng.choice(pc.concepts)
         lang, code = rng.choice(pc.inline)
         return rng.choice(INLINE_ASKS).format(lang=lang, code=code)
-    return _snippet_prompt(rng, "code_explain")
+    return _snippet_prompt(rng, "code_explain", pc)
 
 
 def _math(rng, pc: Pieces):
@@ -615,7 +711,7 @@ def natural_prompts(
         elif cat == "code_explain":
             msgs = _user(_explain(rng, pc))
         elif cat in SNIPPET_ASKS:
-            msgs = _user(_snippet_prompt(rng, cat))
+            msgs = _user(_snippet_prompt(rng, cat, pc))
         elif cat == "math":
             msgs = _user(_math(rng, pc))
         elif cat == "tool_use":
