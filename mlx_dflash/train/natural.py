@@ -12,13 +12,14 @@ that no held-out prompt shares a long word span with a training prompt.
 """
 
 import ast
+import json
 import random
 import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Dict, List, Optional, Sequence
 
-from .agent_context import HARNESSES, _read, stdlib_files, system_prompt, transcript
+from .agent_context import HARNESSES, _read, _tool, stdlib_files, system_prompt, transcript
 from .prompts import Prompt
 
 LANGUAGES = (
@@ -521,6 +522,11 @@ SNIPPET_ASKS_2 = {
         "```{lang}\n{code}\n```\nthe output is wrong and I can't see why",
     ],
 }
+OPENINGS_2 = ["", "", "", "Hi! ", "hey, ", "Quick question. ", "Sorry if this is basic. ",
+              "Hello, ", "Can you help? "]
+CLOSINGS_2 = ["", "", "", "\n\nThanks!", "\n\nI'm a beginner, so please explain simply.",
+              "\n\nThis is for a school project.", "\n\nWe use this at work.",
+              "\n\nKeep it short please.", "\n\nthanks in advance", " ty"]
 # code_test without pasted code: (language, test framework).
 TEST_FRAMEWORKS = [
     ("Python", "pytest"), ("Python", "unittest"), ("JavaScript", "Jest"), ("TypeScript", "Vitest"),
@@ -531,6 +537,85 @@ DESCRIBED_TESTS = [
     "Write {fw} tests for a {lang} function that {task}.",
     "I wrote a {lang} function that {task}. Can you give me {fw} tests for it, edge cases included?",
     "What should I test in a {lang} function that {task}? Write the tests with {fw}.",
+]
+
+
+# Version 2's copy_edit requests beyond Python code: files and text people
+# paste with an edit that is specific to them, answered by copying most of it.
+EDITS_2 = [
+    ("yaml", "services:\n  web:\n    image: shop/web:1.4\n    ports:\n      - \"8000:8000\"\n    environment:\n      - LOG_LEVEL=info\n  worker:\n    image: shop/worker:1.4\n    replicas: 1",
+     ["Bump both images to version 1.5 and set the worker's replicas to 3. Send the whole file back.",
+      "Add a redis service (image redis:7) and make web depend on it. Full file please."]),
+    ("json", "{\n  \"name\": \"notes-app\",\n  \"version\": \"0.3.0\",\n  \"scripts\": {\n    \"start\": \"node server.js\",\n    \"test\": \"jest\"\n  },\n  \"dependencies\": {\n    \"express\": \"^4.18.2\"\n  }\n}",
+     ["Add a lint script that runs eslint and bump the version to 0.4.0. Return the complete package.json.",
+      "Add dotenv as a dependency and a dev script using nodemon, then show me the full file."]),
+    ("toml", "[project]\nname = \"weather-cli\"\nversion = \"0.1.0\"\ndependencies = [\"requests\", \"click\"]\n\n[project.scripts]\nweather = \"weather_cli.main:cli\"",
+     ["Add rich to the dependencies and a requires-python of >=3.10. Give me the whole pyproject back.",
+      "Rename the command from weather to wx, keep everything else. Full file."]),
+    ("dockerfile", "FROM python:3.11\nWORKDIR /app\nCOPY . .\nRUN pip install -r requirements.txt\nCMD python app.py",
+     ["Use python:3.12-slim, copy requirements.txt first so the pip layer is cached, and run as a non-root user. Full Dockerfile please.",
+      "Add an EXPOSE for port 5000 and a HEALTHCHECK. Return the complete Dockerfile."]),
+    ("html", "<nav>\n  <ul>\n    <li><a href=\"/\">Home</a></li>\n    <li><a href=\"/blog\">Blog</a></li>\n    <li><a href=\"/about\">About</a></li>\n  </ul>\n</nav>",
+     ["Add a Contact link at the end and mark Blog as the current page. Give me the full markup back.",
+      "Add aria attributes so screen readers announce this as the main navigation. Return all of it."]),
+    ("css", ".card {\n  border: 1px solid #ddd;\n  padding: 10px;\n  margin: 10px;\n  border-radius: 4px;\n}\n.card h2 {\n  font-size: 18px;\n  color: #333;\n}",
+     ["Convert the pixel sizes to rem (16px = 1rem) and return the whole stylesheet.",
+      "Add a dark-mode version of these rules with prefers-color-scheme. Full CSS please."]),
+    ("sql", "CREATE TABLE orders (\n  id INTEGER PRIMARY KEY,\n  customer_id INTEGER,\n  total REAL,\n  created TEXT\n);",
+     ["Make customer_id a foreign key to customers(id), total NOT NULL, and created default to the current time. Return the full statement.",
+      "Add a status column that can only be 'open', 'paid' or 'shipped'. Show the whole CREATE TABLE."]),
+    ("javascript", "function formatPrice(cents) {\n  var euros = Math.floor(cents / 100);\n  var rest = cents % 100;\n  return euros + ',' + (rest < 10 ? '0' + rest : rest) + ' EUR';\n}",
+     ["Change var to const or let as appropriate and use a template string. Full function please.",
+      "Add a JSDoc comment to this function and keep the code exactly as is."]),
+    ("text", "hi team, quick update on the launch. we are behind on the payment integration, its about a week late because the provider changed there API. everything else is on track, design is done and QA starts monday. let me know if you have questions",
+     ["Fix the grammar and capitalization of this message but keep my wording.",
+      "Make this update sound more professional, same content, and give me the whole message."]),
+    ("text", "Our cafe will be closed on Monday 3rd for a private event. We will reopen on tuesday at the usual time of 8am. Sorry for any inconvience and thank you for you're understanding!",
+     ["Correct the spelling mistakes in this notice and return it otherwise unchanged.",
+      "Rewrite this notice in a warmer, friendlier tone. Keep all the facts."]),
+    ("markdown", "## Installation\n\nclone the repo and run npm install. then copy .env.example to .env and fill in your keys. run npm start and open localhost:3000",
+     ["Turn this into numbered steps with code blocks for the commands. Return the whole section.",
+      "Clean up this README section (capitalization, punctuation) without changing the steps."]),
+]
+# Version 2's tool_use harnesses beyond coding agents, each with requests,
+# the call one would answer with, and what the tool sends back.
+TOOL_SETS_2 = [
+    (
+        "You are a smart-home assistant. Use the tools to control the house and keep answers short.",
+        [("set_light", "Turn a light on or off or dim it.", {"room": "string", "level": "number"}),
+         ("set_thermostat", "Set the target temperature in Celsius.", {"celsius": "number"}),
+         ("play_music", "Play a song, artist or playlist.", {"query": "string"})],
+        [("dim the living room lights to 30 percent", "set_light", {"room": "living room", "level": 30}, '{"room": "living room", "level": 30, "ok": true}'),
+         ("it's cold in here, make it 22 degrees", "set_thermostat", {"celsius": 22}, '{"target": 22, "current": 18.5}'),
+         ("put on some jazz for dinner", "play_music", {"query": "dinner jazz"}, '{"playing": "Dinner Jazz Classics", "tracks": 48}'),
+         ("Turn off the bedroom light please.", "set_light", {"room": "bedroom", "level": 0}, '{"room": "bedroom", "level": 0, "ok": true}')],
+    ),
+    (
+        "You are a support agent for an online bookshop. Look things up before answering and be polite.",
+        [("find_order", "Look up an order by its number.", {"order_id": "string"}),
+         ("track_parcel", "Where a parcel is now.", {"tracking": "string"}),
+         ("refund", "Refund an order (needs a reason).", {"order_id": "string", "reason": "string"})],
+        [("Where is my order 88213? It was supposed to arrive yesterday.", "find_order", {"order_id": "88213"}, '{"order_id": "88213", "status": "shipped", "tracking": "DX99012", "items": 2}'),
+         ("I got the wrong book in order 77120 and want my money back", "refund", {"order_id": "77120", "reason": "wrong item"}, '{"refund_id": "R-5531", "amount": 18.9, "status": "pending"}'),
+         ("can you tell me where parcel DX44120 is", "track_parcel", {"tracking": "DX44120"}, '{"location": "Leipzig hub", "eta": "2 days"}')],
+    ),
+    (
+        "You are a data assistant with read access to the company's analytics database. Write SQL with the query tool and explain results in plain words.",
+        [("query", "Run a read-only SQL query.", {"sql": "string"}),
+         ("list_tables", "List the tables and their columns.", {"schema": "string"})],
+        [("How many new signups did we get last week?", "query", {"sql": "SELECT COUNT(*) FROM signups WHERE created >= date('now', '-7 day')"}, '[{"count": 1342}]'),
+         ("Which tables do we have for billing?", "list_tables", {"schema": "billing"}, '{"invoices": ["id", "customer_id", "amount", "due"], "payments": ["id", "invoice_id", "paid_at"]}'),
+         ("what were our top 3 products by revenue in March", "query", {"sql": "SELECT product, SUM(amount) AS revenue FROM sales WHERE month = 3 GROUP BY product ORDER BY revenue DESC LIMIT 3"}, '[{"product": "Pro plan", "revenue": 48200}, {"product": "Team plan", "revenue": 31900}, {"product": "Add-on storage", "revenue": 7400}]')],
+    ),
+    (
+        "You are a calendar and email assistant for a busy manager. Use the tools, confirm what you did in one sentence.",
+        [("list_events", "Events on a day.", {"date": "string"}),
+         ("create_event", "Add an event.", {"title": "string", "start": "string", "minutes": "number"}),
+         ("send_email", "Send an email.", {"to": "string", "subject": "string", "body": "string"})],
+        [("What's on my calendar tomorrow?", "list_events", {"date": "tomorrow"}, '[{"title": "1:1 with Sam", "start": "09:30"}, {"title": "Budget review", "start": "14:00"}]'),
+         ("Book 45 minutes with the design team on Thursday at 3pm", "create_event", {"title": "Design sync", "start": "Thursday 15:00", "minutes": 45}, '{"id": "ev_7781", "created": true}'),
+         ("email Priya that the report will be a day late", "send_email", {"to": "priya", "subject": "Report timing", "body": "The report will be one day late."}, '{"sent": true}')],
+    ),
 ]
 
 
@@ -575,7 +660,8 @@ def _snippet_prompt(rng, category, pc=None):
     wide = pc is not None and bool(pc.snippets)
     if wide and category == "code_test" and rng.random() < 0.35:
         lang, fw = rng.choice(TEST_FRAMEWORKS)
-        return rng.choice(DESCRIBED_TESTS).format(lang=lang, fw=fw, task=rng.choice(pc.tasks))
+        ask = rng.choice(DESCRIBED_TESTS).format(lang=lang, fw=fw, task=rng.choice(pc.tasks))
+        return framed(rng, ask)
     r = rng.random()
     if not wide:
         if r < 0.8 or category in ("copy_edit",):
@@ -584,7 +670,7 @@ def _snippet_prompt(rng, category, pc=None):
             lang, code = rng.choice(OTHER_SNIPPETS)
     else:  # copy_edit's asks (type hints, PEP 8, f-strings) are Python's
         own = [x for x in pc.snippets if category != "copy_edit" or x[0] == "python"]
-        if r < 0.4:
+        if r < 0.3:
             lang, code = "python", rng.choice(stdlib_snippets())
         elif r < 0.85 or category == "copy_edit":
             lang, code = rng.choice(own)
@@ -598,7 +684,15 @@ def _snippet_prompt(rng, category, pc=None):
             m = rng.choice(matches)
             code = code[: m.start()] + re.sub(p, r, m.group(0)) + code[m.end() :]
     asks = SNIPPET_ASKS[category] + (pc.snippet_asks[category] if wide else [])
-    return rng.choice(asks).format(lang=lang, code=code, new="process_" + rng.choice(ITEMS))
+    text = rng.choice(asks).format(lang=lang, code=code, new="process_" + rng.choice(ITEMS))
+    return framed(rng, text) if wide else text
+
+
+def framed(rng, text: str) -> str:
+    """Version 2's requests as people open and close them (a greeting, a
+    word about themselves or the project, thanks), which also multiplies the
+    distinct prompts a few dozen snippets make."""
+    return rng.choice(OPENINGS_2) + text + rng.choice(CLOSINGS_2)
 
 
 @dataclass(frozen=True)
@@ -616,6 +710,8 @@ class Pieces:
     inline: Sequence[tuple] = ()  # (language, one line of code) to explain
     snippets: Sequence[tuple] = ()  # (language, code) of snippet requests besides stdlib's
     snippet_asks: Optional[Dict[str, List[str]]] = None  # more asks a snippet category
+    edits: Sequence[tuple] = ()  # copy_edit: (kind, text, asks) besides code snippets
+    tool_sets: Sequence[tuple] = ()  # tool_use: (preamble, tools, turns) besides HARNESSES
 
 
 # 1: what stages 3-5 of the default drafter were trained on; 2: those and the
@@ -625,7 +721,7 @@ PIECES = {
     2: Pieces(
         TASKS + TASKS_2, WRITE + WRITE_2, CHAT + CHAT_2, WHO + WHO_2,
         WRITING + WRITING_2, WRITING_ABOUT + WRITING_ABOUT_2, MATH + MATH_2,
-        CONCEPTS, INLINE, SNIPPETS_2, SNIPPET_ASKS_2,
+        CONCEPTS, INLINE, SNIPPETS_2, SNIPPET_ASKS_2, EDITS_2, TOOL_SETS_2,
     ),
 }
 
@@ -650,7 +746,9 @@ def _math(rng, pc: Pieces):
     return text + rng.choice(MATH_STYLE)
 
 
-def _tool_use(rng):
+def _tool_use(rng, pc: Pieces):
+    if pc.tool_sets and rng.random() < 0.2:
+        return _tool_set_turn(rng, rng.choice(pc.tool_sets))
     preamble, tools = rng.choice(HARNESSES["train"])
     msgs = [{"role": "system", "content": system_prompt(preamble, tools)}]
     if rng.random() < 0.3:
@@ -665,6 +763,23 @@ def _tool_use(rng):
         call = '{"name": "%s", "arguments": {"%s": "..."}}' % (name, arg)
         msgs.append({"role": "assistant", "content": f"<tool_call>{call}</tool_call>"})
         msgs.append({"role": "tool", "content": rng.choice(TOOL_RESULTS)})
+    return msgs
+
+
+def _tool_set_turn(rng, tool_set):
+    """A request to one of version 2's harnesses; half of them a turn later,
+    the call made and the tool's answer back."""
+    preamble, specs, turns = tool_set
+    tools = [_tool(name, doc, **params) for name, doc, params in specs]
+    ask, name, args, result = rng.choice(turns)
+    msgs = [
+        {"role": "system", "content": system_prompt(preamble, tools)},
+        {"role": "user", "content": framed(rng, ask)},
+    ]
+    if rng.random() < 0.5:
+        call = json.dumps({"name": name, "arguments": args})
+        msgs.append({"role": "assistant", "content": f"<tool_call>{call}</tool_call>"})
+        msgs.append({"role": "tool", "content": result})
     return msgs
 
 
@@ -710,12 +825,16 @@ def natural_prompts(
             msgs = _user(rng.choice(pc.write).format(lang=rng.choice(LANGUAGES), task=rng.choice(pc.tasks)))
         elif cat == "code_explain":
             msgs = _user(_explain(rng, pc))
+        elif cat == "copy_edit" and pc.edits and rng.random() < 0.2:
+            kind, text, asks = rng.choice(pc.edits)
+            fence = "\n\n" + text if kind == "text" else f"\n\n```{kind}\n{text}\n```"
+            msgs = _user(framed(rng, rng.choice(asks) + fence))
         elif cat in SNIPPET_ASKS:
             msgs = _user(_snippet_prompt(rng, cat, pc))
         elif cat == "math":
             msgs = _user(_math(rng, pc))
         elif cat == "tool_use":
-            msgs = _tool_use(rng)
+            msgs = _tool_use(rng, pc)
         else:
             msgs = _chat(rng, pc)
         key = tuple((m["role"], m["content"]) for m in msgs)
