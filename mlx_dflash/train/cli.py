@@ -100,7 +100,8 @@ def build_parser(parser=None):
         choices=[1, 2],
         help="natural set: version of the hand-written pieces its requests are "
         "composed from (1: the default drafter's stages 3-5; 2: those and more "
-        "tasks, request phrasings, concept questions, chat topics and word problems)",
+        "tasks, request phrasings, concept questions, chat topics, word problems, "
+        "pasted project snippets, files and text to edit, non-coding tool harnesses)",
     )
     p.add_argument(
         "--wide-prompts", type=int, default=6000, help="natural set: 'wide' prompts kept in the mix"
