@@ -5,7 +5,7 @@
 Greedy tau (block 16, no fallback, the drafter alone (no prompt lookup), the
 pair as `generate` loads it otherwise, float32 on this CPU, OpenBLAS where
 present; every output checked against mlx_lm's own greedy decoding) on prompt
-sets of N each: `held_out`, the hand-written natural held-out set (2 a
+sets of N each: `held_out`, the hand-written natural held-out set (N // 9 a
 category); `train`, the composed natural prompts of the training generator with
 a recipe's seed (`natural_prompts(COUNT, seed=SEED)`, default 14000 and 0,
 stage 3's: a recipe answers about half of them); `unseen`, prompts of the same
@@ -62,7 +62,7 @@ def main():
         return [p for p in natural_prompts(3000, seed=777, pieces=pieces) if key(p) not in seen]
 
     make = {
-        "held_out": lambda: ("held_out", natural_held_out(2)[:n]),
+        "held_out": lambda: ("held_out", natural_held_out(max(2, n // 9))[:n]),
         "train": lambda: (f"train_seed{seed}", by_category(train, n)),
         "unseen": lambda: ("unseen_seed777", by_category(unseen(1), n)),
         "unseen2": lambda: ("unseen_seed777_pieces2", by_category(unseen(2), n)),

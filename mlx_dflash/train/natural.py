@@ -7,6 +7,8 @@ for a change (the answer repeats much of the prompt), single- and multi-turn
 chat, math word problems with drawn numbers, and tool-use turns in an agent
 format. Pasted code is real: functions of the stdlib files in the training
 share of `agent_context` (the long-context eval reads the other share).
+Version 2 of the pieces (`pieces=2`) adds more of each, snippets of people's
+own projects, files and text to edit and non-coding tool harnesses.
 `long_prompts` adds agent transcripts of 1-8k tokens. `shared_spans` checks
 that no held-out prompt shares a long word span with a training prompt.
 """
@@ -661,7 +663,7 @@ def _snippet_prompt(rng, category, pc=None):
     if wide and category == "code_test" and rng.random() < 0.35:
         lang, fw = rng.choice(TEST_FRAMEWORKS)
         ask = rng.choice(DESCRIBED_TESTS).format(lang=lang, fw=fw, task=rng.choice(pc.tasks))
-        return framed(rng, ask)
+        return _framed(rng, ask)
     r = rng.random()
     if not wide:
         if r < 0.8 or category in ("copy_edit",):
@@ -685,10 +687,10 @@ def _snippet_prompt(rng, category, pc=None):
             code = code[: m.start()] + re.sub(p, r, m.group(0)) + code[m.end() :]
     asks = SNIPPET_ASKS[category] + (pc.snippet_asks[category] if wide else [])
     text = rng.choice(asks).format(lang=lang, code=code, new="process_" + rng.choice(ITEMS))
-    return framed(rng, text) if wide else text
+    return _framed(rng, text) if wide else text
 
 
-def framed(rng, text: str) -> str:
+def _framed(rng, text: str) -> str:
     """Version 2's requests as people open and close them (a greeting, a
     word about themselves or the project, thanks), which also multiplies the
     distinct prompts a few dozen snippets make."""
@@ -774,7 +776,7 @@ def _tool_set_turn(rng, tool_set):
     ask, name, args, result = rng.choice(turns)
     msgs = [
         {"role": "system", "content": system_prompt(preamble, tools)},
-        {"role": "user", "content": framed(rng, ask)},
+        {"role": "user", "content": _framed(rng, ask)},
     ]
     if rng.random() < 0.5:
         call = json.dumps({"name": name, "arguments": args})
@@ -828,7 +830,7 @@ def natural_prompts(
         elif cat == "copy_edit" and pc.edits and rng.random() < 0.2:
             kind, text, asks = rng.choice(pc.edits)
             fence = "\n\n" + text if kind == "text" else f"\n\n```{kind}\n{text}\n```"
-            msgs = _user(framed(rng, rng.choice(asks) + fence))
+            msgs = _user(_framed(rng, rng.choice(asks) + fence))
         elif cat in SNIPPET_ASKS:
             msgs = _user(_snippet_prompt(rng, cat, pc))
         elif cat == "math":
