@@ -26,6 +26,8 @@
 #
 # Or ONE call: `... GGUF once` generates, trains until PACK_SECONDS + 25 s before CALL_SECONDS
 # and packs, without the eval (TRAIN_SECONDS sizes the schedule: set it to the training left).
+# A longer schedule over two calls without the built-in eval: `... GGUF 1`, then `... GGUF more`
+# (resumes, trains until the pack's time, packs), with TRAIN_SECONDS the training of both.
 #
 # Generation and training use a float16 dequantized copy of the target; tau is measured on the
 # quantized GGUF itself. CPU dry run of both calls (real GGUF, tiny scale):
@@ -34,8 +36,8 @@
 #   EVAL_ARGS="--eval-natural 1 --eval-contexts 1024 --eval-context-prompts 1 --eval-sampled-natural 1 --eval-prompts 1 --eval-max-tokens 16" \
 #   RUN=/tmp/dry OUT=/tmp/dry/out PYTHON=.venv/bin/python bash bench/scripts/train_gpu_natural.sh GGUF 1|2
 set -euo pipefail
-gguf=${1:?usage: train_gpu_natural.sh GGUF 1|2|once}
-call=${2:?usage: train_gpu_natural.sh GGUF 1|2|once}
+gguf=${1:?usage: train_gpu_natural.sh GGUF 1|2|more|once}
+call=${2:?usage: train_gpu_natural.sh GGUF 1|2|more|once}
 t0=$(date +%s)
 run=${RUN:-/tmp/dflash-natural}
 out=${OUT:-$run/out}
@@ -98,6 +100,10 @@ once)
   train "$(left $((PACK_SECONDS + 25)))"
   pack
   ;;
+more)
+  train "$(left $((PACK_SECONDS + 25)))"
+  pack
+  ;;
 2)
   train "$(left $((EVAL_SECONDS + PACK_SECONDS + 25)))"
   budget=$(($(left $((PACK_SECONDS + 25))) - 5))
@@ -112,7 +118,7 @@ once)
   pack
   ;;
 *)
-  echo "call must be 1, 2 or once" >&2
+  echo "call must be 1, 2, more or once" >&2
   exit 2
   ;;
 esac
