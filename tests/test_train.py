@@ -25,7 +25,7 @@ from mlx_dflash.train.objective import (
 )
 from mlx_dflash.train.prompts import HELD_OUT, build_prompts
 from mlx_dflash.train.checkpoint import train_finished
-from mlx_dflash.train.trainer import TrainArgs, init_draft, train
+from mlx_dflash.train.trainer import TrainArgs, grow_draft, init_draft, train
 
 MASK = VOCAB - 1
 
@@ -41,6 +41,37 @@ def _setup(block_size=4, layers=2, seed=0):
 
 def _random_tokens(n, s, seed=0):
     return mx.array(np.random.default_rng(seed).integers(3, VOCAB - 1, (n, s)))
+
+
+def test_grown_draft_computes_the_same_then_trains_its_new_layers():
+    """Layers appended by grow_draft add nothing at first (zeroed output
+    projections), so the grown drafter's blocks equal the original's; one
+    training step gives the new layers' output projections a gradient."""
+    target, draft = _setup(block_size=4, layers=2)
+    grown = grow_draft(draft, 4)
+    assert grown.args.num_hidden_layers == 4 and len(grown.args.layer_types) == 4
+    assert grow_draft(draft, 2) is draft
+    tok = _random_tokens(2, 40)
+    feats = target_features(target, tok)
+    anchors = mx.array([[3, 11, 20], [5, 17, 23]])
+    ids, _, _ = make_blocks(tok, anchors, 4, MASK)
+    emb = target.embed(ids)
+    before = draft_blocks_forward(draft, emb, feats, anchors)
+    after = draft_blocks_forward(grown, emb, feats, anchors)
+    assert mx.allclose(before, after, atol=1e-6).item()
+    new = grown.layers[3]
+    assert not mx.any(new.self_attn.o_proj.weight).item()
+    assert mx.array_equal(new.self_attn.q_proj.weight, draft.layers[1].self_attn.q_proj.weight)
+
+    def loss(model):
+        return mx.mean(draft_blocks_forward(model, emb, feats, anchors) ** 2)
+
+    import mlx.nn as nn
+
+    grads = nn.value_and_grad(grown, loss)(grown)[1]
+    g = grads["layers"][3]
+    assert mx.any(g["self_attn"]["o_proj"]["weight"]).item()
+    assert mx.any(g["mlp"]["down_proj"]["weight"]).item()
 
 
 @pytest.mark.parametrize("block_size", [4, 16])
@@ -407,6 +438,17 @@ def test_cli_sharded_extended_data_and_init(tmp_path):
         + (train + " --steps 1 --lr 0").split()
     )
     a, b = (load_draft(tmp_path / d).parameters() for d in ("d1", "d2"))
+    main(
+        common
+        + ["--out", str(tmp_path / "d3"), "--init", str(tmp_path / "d1"), "--grow-layers", "2"]
+        + (train + " --steps 1 --lr 0").split()
+    )
+    grown = load_draft(tmp_path / "d3")
+    assert grown.args.num_hidden_layers == 2
+    assert not mx.any(grown.layers[1].mlp.down_proj.weight).item()
+    kept = tree_flatten(grown.layers[0].parameters())
+    for (_, x), (_, y) in zip(tree_flatten(a["layers"][0]), kept):
+        assert mx.array_equal(x, y)
     Dataset.from_lists([], []).save(tmp_path / "empty.npz")
     for bad, words in (
         (["--data", str(tmp_path / "empty.npz")], "no training sequences"),
@@ -414,6 +456,7 @@ def test_cli_sharded_extended_data_and_init(tmp_path):
         (["--gen-shard", "x"], "0 <= K < N"),
         (["--data", str(tmp_path / "none.npz")], "no such file"),
         (["--init", str(tmp_path)], "no config.json"),
+        (["--grow-layers", "3"], "needs --init"),
     ):
         with pytest.raises(SystemExit, match=words):
             main(common + ["--out", str(tmp_path / "bad")] + bad)

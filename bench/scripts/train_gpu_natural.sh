@@ -14,7 +14,8 @@
 #   share at T 1.0, the rest greedy; <= 256 new tokens; SEED picks the prompts, PIECES the
 #   version of the pieces the natural requests are composed from: --natural-pieces), then
 #   fine-tuning from INIT starts and runs until CALL_SECONDS after the call began (checkpoint
-#   every 200 steps; SOFT > 0 weighs in the target's own top-SOFT_K distributions, --soft-labels).
+#   every 200 steps; SOFT > 0 weighs in the target's own top-SOFT_K distributions, --soft-labels;
+#   GROW=N appends layers to INIT's up to N, starting as INIT's function, --grow-layers).
 # call 2 (~525 s): fine-tuning resumes until EVAL_SECONDS + PACK_SECONDS before CALL_SECONDS,
 #   then `train --eval-only` on the quantized target as shipped: the natural held-out set by
 #   category (greedy, checked against plain greedy; sampled at T 0.7 / 1.0), agent transcripts
@@ -64,7 +65,7 @@ train() {
   [ -f "$run/draft/train_state/trainer_state.json" ] && resume=(--resume)
   n=$(find "$out" -name "train*.log" | wc -l)
   $PYTHON -m mlx_dflash.cli --blas "$BLAS" train "${common[@]}" \
-    --out "$run/draft" --data "$run/gen/data.npz" --init "$INIT" "${resume[@]}" \
+    --out "$run/draft" --data "$run/gen/data.npz" --init "$INIT" ${GROW:+--grow-layers "$GROW"} "${resume[@]}" \
     --batch-size "${BATCH:-16}" --anchors "${ANCHORS:-192}" --batch-tokens "${BATCH_TOKENS:-12288}" \
     --max-len "${MAX_LEN:-8192}" --lr "${LR:-3e-4}" --warmup "${WARMUP:-100}" \
     --steps "${STEPS:-100000}" --time-budget "$TRAIN_SECONDS" --save-every "${SAVE_EVERY:-200}" \

@@ -65,6 +65,7 @@ class Speeds:
         cases, arms = results["cases"], _arms(results)
         series = ["mlx_lm (stock)"] + arms
         w = 0.8 / len(series)
+        tallest = 0.0
         for j, name in enumerate(series):
             xs, ys, lo, hi, tags = [], [], [], [], []
             for i, c in enumerate(cases):
@@ -78,6 +79,7 @@ class Speeds:
                 hi.append(d["max"] - d["median"])
                 tags.append("" if j == 0 else f"{a['speedup']['median']:.2f}×")
             bars = ax.bar(xs, ys, w, yerr=[lo, hi], capsize=2, label=name)
+            tallest = max([tallest] + [y + h for y, h in zip(ys, hi)])
             for bar, tag, top in zip(bars, tags, hi):
                 if tag:  # above the error bar
                     ax.annotate(
@@ -95,7 +97,10 @@ class Speeds:
         )
         ax.set_ylabel("decode tok/s (median; bars: min–max)")
         ax.set_title("decode speed beside stock mlx_lm (speedup on each bar)")
-        ax.legend(fontsize=7)
+        # A band above the tallest bar for the speedup tags and the legend, so
+        # the legend never hides a tag.
+        ax.set_ylim(0, tallest * 1.35 or 1.0)
+        ax.legend(fontsize=7, loc="upper center", ncol=min(len(series), 3))
 
 
 class Acceptance:

@@ -99,7 +99,7 @@ def build_parser(parser=None):
         default=1,
         choices=[1, 2],
         help="natural set: version of the hand-written pieces its requests are "
-        "composed from (1: the default drafter's stages 3-5; 2: those and more "
+        "composed from (1: the default drafter's stages 3-5; 2: its stage 6, those and more "
         "tasks, request phrasings, concept questions, chat topics, word problems, "
         "pasted project snippets, files and text to edit, non-coding tool harnesses)",
     )
@@ -179,6 +179,14 @@ def build_parser(parser=None):
         metavar="DRAFT_DIR",
         help="start from this drafter's weights (fresh optimizer and schedule) "
         "instead of a random initialisation; --resume of a checkpoint in DIR wins",
+    )
+    p.add_argument(
+        "--grow-layers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --init: append layers up to N, each a copy of the last with its "
+        "output projections zeroed, so the grown drafter starts as the --init one",
     )
     for f in fields(TrainArgs):
         flag = "--" + f.name.replace("_", "-")
@@ -294,6 +302,8 @@ def _check_inputs(a):
             raise SystemExit(f"error: --data {f}: no such file")
     if a.init and not (Path(a.init) / "config.json").is_file():
         raise SystemExit(f"error: --init {a.init}: no config.json there")
+    if a.grow_layers is not None and not (a.init and a.grow_layers > 0):
+        raise SystemExit("error: --grow-layers: needs --init and a positive layer count")
     try:
         lo, hi = (int(x) for x in a.long_tokens.split(","))
     except ValueError:
@@ -365,6 +375,10 @@ def main(argv=None):
 
         src = out if a.resume and (out / "config.json").is_file() else Path(a.init)
         draft = load_draft(src, target=target, dtype=mx.float32)
+        if a.grow_layers and src != out:
+            from .trainer import grow_draft
+
+            draft = grow_draft(draft, a.grow_layers)
     else:
         draft = init_draft(
             target,

@@ -123,6 +123,37 @@ def init_draft(
     return draft
 
 
+def grow_draft(draft: DFlashDraft, num_layers: int) -> DFlashDraft:
+    """`draft` with layers appended up to `num_layers`, computing the same
+    function at first: each new layer is a copy of the last one with its
+    o_proj and down_proj zeroed, so both residual branches add nothing until
+    training moves them (zero-initialised residual branches, as in
+    function-preserving growth). Starting a larger drafter this way keeps
+    everything the smaller one learned instead of training from scratch."""
+    from dataclasses import replace
+
+    old = draft.args
+    if num_layers <= old.num_hidden_layers:
+        return draft
+    extra = num_layers - old.num_hidden_layers
+    args = replace(
+        old,
+        num_hidden_layers=num_layers,
+        layer_types=list(old.layer_types) + [old.layer_types[-1]] * extra,
+    )
+    grown = DFlashDraft(args)
+    grown.update(draft.parameters())  # the shared weights and layers 0..L-1
+    last = draft.layers[-1].parameters()
+    for layer in grown.layers[old.num_hidden_layers :]:
+        layer.update(last)
+        attn_o, mlp_down = layer.self_attn.o_proj, layer.mlp.down_proj
+        attn_o.weight = mx.zeros_like(attn_o.weight)
+        mlp_down.weight = mx.zeros_like(mlp_down.weight)
+    grown.set_dtype(draft.dtype)
+    mx.eval(grown.parameters())
+    return grown
+
+
 def schedule(args: TrainArgs, total: List[int]):
     """Linear warmup then cosine to min_lr_ratio; `total[0]` may shrink mid-run."""
 
