@@ -1,16 +1,17 @@
 """Probe: how far the default drafter's tau is from memorisation vs distribution.
 
-    python bench/probes/probe_generalization.py [N] [TOKENS] [DRAFT] [SEED] [COUNT] [SETS]
+    python bench/probes/probe_generalization.py [N] [TOKENS] [DRAFT] [SEED] [COUNT] [SETS] [PIECES]
 
 Greedy tau (block 16, no fallback, the drafter alone (no prompt lookup), the
 pair as `generate` loads it otherwise, float32 on this CPU, OpenBLAS where
 present; every output checked against mlx_lm's own greedy decoding) on prompt
 sets of N each: `held_out`, the hand-written natural held-out set (N // 9 a
 category); `train`, the composed natural prompts of the training generator with
-a recipe's seed (`natural_prompts(COUNT, seed=SEED)`, default 14000 and 0,
-stage 3's: a recipe answers about half of them); `unseen`, prompts of the same
-generator with another seed that neither that set nor seed 0's 14000 contain;
-`unseen2`, the same from version 2 of the generator's pieces (`pieces=2`).
+a recipe's seed (`natural_prompts(COUNT, seed=SEED, pieces=PIECES)`, default
+14000, 0 and 1, stage 3's: a recipe answers about half of them); `unseen`,
+prompts of the same generator with another seed that neither that set nor seed
+0's 14000 contain; `unseen2`, the same from version 2 of the generator's pieces
+(`pieces=2`; stage 6 trained on `30000 ... 3 ... 2`).
 SETS (comma-separated, default held_out,train,unseen) picks them. The composed
 sets take N // 9 prompts a category (the held-out set's mix), N in all when N
 is a multiple of 9. One JSON line per set.
@@ -54,8 +55,9 @@ def main():
     seed = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     count = int(sys.argv[5]) if len(sys.argv) > 5 else 14000
     wanted = (sys.argv[6] if len(sys.argv) > 6 else "held_out,train,unseen").split(",")
+    pieces = int(sys.argv[7]) if len(sys.argv) > 7 else 1
     pair = load_pair(None, draft, dtype=mx.float32, prompt_lookup="off")
-    train = natural_prompts(count, seed=seed)
+    train = natural_prompts(count, seed=seed, pieces=pieces)
     seen = {key(p) for p in train} | {key(p) for p in natural_prompts(14000, seed=0)}
 
     def unseen(pieces):
@@ -63,7 +65,7 @@ def main():
 
     make = {
         "held_out": lambda: ("held_out", natural_held_out(max(2, n // 9))[:n]),
-        "train": lambda: (f"train_seed{seed}", by_category(train, n)),
+        "train": lambda: (f"train_seed{seed}_pieces{pieces}", by_category(train, n)),
         "unseen": lambda: ("unseen_seed777", by_category(unseen(1), n)),
         "unseen2": lambda: ("unseen_seed777_pieces2", by_category(unseen(2), n)),
     }

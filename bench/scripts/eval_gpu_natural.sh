@@ -19,6 +19,9 @@
 #   EVAL_ARGS="--eval-max-tokens 4 --eval-natural 1 --eval-contexts 1024 --eval-context-prompts 1
 #   --eval-sampled-natural 1 --eval-sampled-context 1 --eval-prompts 1" bash bench/scripts/eval_gpu_natural.sh GGUF
 # $OUT gets eval.tar (eval-NAME.json and .log for each) and the new draft_vocab.json.
+# Two arms trained on the same data (e.g. GROW=5 in a second RUN whose gen/data.npz links the
+# first's) in one call, side by side: `RUN=A OUT=$OUT/a bash ... & RUN=B SHIPPED=none OUT=$OUT/b
+# bash ... & wait`.
 set -uo pipefail
 gguf=${1:?usage: eval_gpu_natural.sh GGUF}
 run=${RUN:-/tmp/dflash-natural}
@@ -44,9 +47,11 @@ one new-long "$run/draft" auto long 1.0 &
 one new-old "$run/draft" auto old "" &
 one new-all-natural "$run/draft" all natural "" &
 one new-all-long "$run/draft" all long "" &
-one shipped-all-long "$shipped" all long "" &
-one shipped-all-old "$shipped" all old "" &
-one shipped-natural "$shipped" auto natural "" &
+if [ "$shipped" != none ]; then  # SHIPPED=none: a second arm beside a first eval's shipped runs
+  one shipped-all-long "$shipped" all long "" &
+  one shipped-all-old "$shipped" all old "" &
+  one shipped-natural "$shipped" auto natural "" &
+fi
 wait
 tail -n 3 "$out"/eval-*.log
 (cd "$out" && tar cf eval.tar --remove-files eval-*)
