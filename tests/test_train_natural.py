@@ -32,19 +32,27 @@ def test_natural_pieces_1_compose_what_stages_3_to_5_were_trained_on():
         return hashlib.sha256(json.dumps([p.messages for p in ps]).encode()).hexdigest()[:16]
 
     assert digest(natural_prompts(2000, seed=0)) == "596e0471c29abdea"
-    with pytest.raises(ValueError, match="pieces 3"):
-        natural_prompts(10, pieces=3)
+    # Version 2's (stage 6's) too, unchanged by version 3's pieces.
+    assert digest(natural_prompts(2000, seed=0, pieces=2)) == "82581be2819a715f"
+    with pytest.raises(ValueError, match="pieces 4"):
+        natural_prompts(10, pieces=4)
 
 
-def test_natural_pieces_2_are_wider_and_disjoint_from_held_out():
+def test_natural_pieces_2_and_3_are_wider_and_disjoint_from_held_out():
     one, two = natural_prompts(3000, seed=0), natural_prompts(3000, seed=0, pieces=2)
+    three = natural_prompts(3000, seed=0, pieces=3)
     assert set(Counter(p.kind for p in two)) == set(DEFAULT_MIX) and len(two) == 3000
     assert len({p.text for p in two} - {p.text for p in one}) > 1000
+    # Version 3 draws other math and chat: sequences, systems, quadratics...
+    maths = {p.text for p in three if p.kind == "math"} - {p.text for p in two}
+    assert len(maths) > 100 and any("sequence" in t for t in maths)
+    assert {p.text for p in three if p.kind == "chat"} - {p.text for p in two}
     # Conceptual and one-line code_explain requests (no pasted block).
     assert any(p.kind == "code_explain" and "```" not in p.text for p in two)
     held = natural_held_out()
-    assert not {p.text for p in held} & {p.text for p in two}
-    assert shared_spans(two, held, n=10) == []
+    for composed in (two, three):
+        assert not {p.text for p in held} & {p.text for p in composed}
+        assert shared_spans(composed, held, n=10) == []
     # No piece (a question, a task, a snippet...) is a held-out prompt or inside one.
     import mlx_dflash.train.natural as natural
 

@@ -11,7 +11,7 @@ a recipe's seed (`natural_prompts(COUNT, seed=SEED, pieces=PIECES)`, default
 14000, 0 and 1, stage 3's: a recipe answers about half of them); `unseen`,
 prompts of the same generator with another seed that neither that set nor seed
 0's 14000 contain; `unseen2`, the same from version 2 of the generator's pieces
-(`pieces=2`; stage 6 trained on `30000 ... 3 ... 2`).
+(`pieces=2`; stage 6 trained on `30000 ... 3 ... 2`); `unseen3` from version 3.
 SETS (comma-separated, default held_out,train,unseen) picks them. The composed
 sets take N // 9 prompts a category (the held-out set's mix), N in all when N
 is a multiple of 9. One JSON line per set.
@@ -68,6 +68,7 @@ def main():
         "train": lambda: (f"train_seed{seed}_pieces{pieces}", by_category(train, n)),
         "unseen": lambda: ("unseen_seed777", by_category(unseen(1), n)),
         "unseen2": lambda: ("unseen_seed777_pieces2", by_category(unseen(2), n)),
+        "unseen3": lambda: ("unseen_seed777_pieces3", by_category(unseen(3), n)),
     }
     for want in wanted:
         name, prompts = make[want]()

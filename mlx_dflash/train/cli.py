@@ -97,11 +97,12 @@ def build_parser(parser=None):
         "--natural-pieces",
         type=int,
         default=1,
-        choices=[1, 2],
+        choices=[1, 2, 3],
         help="natural set: version of the hand-written pieces its requests are "
         "composed from (1: the default drafter's stages 3-5; 2: its stage 6, those and more "
         "tasks, request phrasings, concept questions, chat topics, word problems, "
-        "pasted project snippets, files and text to edit, non-coding tool harnesses)",
+        "pasted project snippets, files and text to edit, non-coding tool harnesses; "
+        "3: those and more kinds of math problems and everyday questions)",
     )
     p.add_argument(
         "--wide-prompts", type=int, default=6000, help="natural set: 'wide' prompts kept in the mix"

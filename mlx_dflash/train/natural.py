@@ -460,6 +460,94 @@ MATH_2 = [
 ]
 
 
+
+# Version 3 (twenty-fourth session): at stage 6 the generator's unseen math
+# prompts scored tau 5.7 against 2.3 for hand-written ones and chat 2.2 against
+# 1.5 (bench/results/cpu-probe-generalization-s24.jsonl): 22 templates teach the
+# answers' shapes, not arithmetic written other ways. More kinds of problems
+# (rates, geometry, probability, units, time, money, sequences, algebra) and
+# more everyday questions.
+MATH_3 = [
+    "{n1} drives {big} km at an average of {a}0 km/h. How long does the drive take in hours and minutes?",
+    "A phone plan costs ${a} a month plus ${c} for every GB over the limit. {n1} went {b} GB over. What is the bill?",
+    "What is {p}% of {big}?",
+    "A jar has {a} red and {b} blue {item}. If {n1} picks one without looking, what is the chance it is red?",
+    "Two dice are rolled. What is the probability the sum is {c}?",
+    "Convert {big} minutes to hours and minutes.",
+    "A triangle has sides {a}, {b} and {c} cm. Can such a triangle exist? Why or why not?",
+    "The area of a square is {big} square meters. How long is one side, roughly?",
+    "A circle has a radius of {a} cm. What is its circumference and its area?",
+    "{n1} earns ${big} a week and spends {p}% on rent. How much is left for everything else?",
+    "What is the next number in the sequence {a}, {a2}, {a3}, {a4}, ...?",
+    "If 3 notebooks cost ${a}, how much do {b} notebooks cost?",
+    "A train leaves at {a}:40 and arrives at {b}:05 the next hour. How long is the trip? (Assume the times are on the same day.)",
+    "Solve the system: x + y = {big} and x - y = {a}.",
+    "Expand (x + {a})(x - {b}).",
+    "Factor x^2 + {s}x + {m}.",
+    "What is the average of {a}, {b}, {c}, {big} and {p}?",
+    "A box is {a} cm long, {b} cm wide and {c} cm tall. What is its volume in liters?",
+    "{n1} invests ${big} at {c}% simple interest per year. How much interest after {a} years?",
+    "A bakery makes {big} rolls and packs them in bags of {a}. How many full bags, and how many rolls are left over?",
+    "How many ways can {c} people stand in a line?",
+    "A map uses a scale of 1:{a}0000. Two towns are {b} cm apart on the map. How far apart are they really, in km?",
+    "{n1} got {a} out of {b}0 questions wrong on a test. What percent did {n1} get right?",
+    "It is {p} degrees Celsius outside. What is that in Fahrenheit?",
+    "A ladder {b} m long leans against a wall with its foot {c} m from the wall. How high up the wall does it reach?",
+    "Is {big} a prime number? Explain how you checked.",
+    "What is the least common multiple of {a} and {b}?",
+    "A shop raises a price by {p}% and later lowers the new price by {p}%. Is it back to the original price?",
+    "{n1} types {a}0 words a minute. How long will a {big}0-word essay take to type?",
+    "A garden is {a} m by {b} m with a path {c} m wide all around the outside. What is the area of the path?",
+    "Round {big}.{p2} to the nearest ten and to the nearest whole number.",
+    "A video is {a} minutes {b} seconds long and plays at 1.5x speed. How long does it take to watch?",
+    "The ratio of cats to dogs at a shelter is {a}:{b}. There are {big} animals in all. How many are cats?",
+    "If f(x) = {a}x^2 - {b}, what is f({c})?",
+    "{n1} and {n2} paint a fence together. {n1} alone takes {a} hours and {n2} alone takes {b} hours. How long together?",
+    "How many minutes are there in a week?",
+]
+CHAT_3 = [
+    "What's the best way to learn to cook if I can only make pasta?",
+    "Why do cats knock things off tables?",
+    "How do I ask my boss for a raise without sounding pushy?",
+    "Is it bad to charge my phone overnight?",
+    "What are some fun things to do on a rainy weekend with kids?",
+    "How do I get better at remembering people's names?",
+    "what is the difference between a virus and a bacteria",
+    "How do I keep basil alive on a windowsill?",
+    "Why is the ocean salty but rivers aren't?",
+    "What should I pack for a three-day hiking trip?",
+    "How can I tell if an email is a phishing scam?",
+    "What's a simple weekly workout plan for a beginner with no equipment?",
+    "Why do we get goosebumps?",
+    "How do I write a good cover letter when I have no experience?",
+    "what are some good podcasts for learning history",
+    "How do noise-cancelling headphones work?",
+    "Can you help me plan a birthday dinner for six people on a small budget?",
+    "Why does bread go stale?",
+    "How do I politely say no to extra work?",
+    "What are the pros and cons of working from home?",
+    "How do vaccines train the immune system?",
+    "What's a good routine to fall asleep faster?",
+    "How do I start learning to draw as an adult?",
+    "why do my headphones always get tangled",
+    "What's the difference between a Roth IRA and a traditional IRA?",
+    "How do I get rid of fruit flies in the kitchen?",
+    "Can you explain how a credit score works?",
+    "What are some good icebreaker questions for a team meeting?",
+    "How do solar panels turn sunlight into electricity?",
+    "Is coffee actually bad for you?",
+    "How do I make my small apartment feel bigger?",
+    "What should I know before adopting a dog?",
+    "Why do leaves change color in autumn?",
+    "How do I stay motivated to learn a language on my own?",
+    "What's a polite way to remind a friend they owe me money?",
+    "How does compound interest work? Give me an example.",
+    "What are some healthy snacks I can take to work?",
+    "Why do we dream?",
+    "How do I fix a squeaky door?",
+    "What is a good first programming language for a twelve-year-old?",
+]
+
 # Version 2's snippet requests: code people paste from their own projects
 # (not the standard library's), in several languages; asks put their own way;
 # and test requests that describe the function instead of pasting it. At stage
@@ -717,12 +805,18 @@ class Pieces:
 
 
 # 1: what stages 3-5 of the default drafter were trained on; 2: those and the
-# pieces added in the twenty-second session.
+# pieces added in the twenty-second session (stage 6); 3: those and version 3's
+# math and chat (twenty-fourth session).
 PIECES = {
     1: Pieces(TASKS, WRITE, CHAT, WHO, WRITING, WRITING_ABOUT, MATH),
     2: Pieces(
         TASKS + TASKS_2, WRITE + WRITE_2, CHAT + CHAT_2, WHO + WHO_2,
         WRITING + WRITING_2, WRITING_ABOUT + WRITING_ABOUT_2, MATH + MATH_2,
+        CONCEPTS, INLINE, SNIPPETS_2, SNIPPET_ASKS_2, EDITS_2, TOOL_SETS_2,
+    ),
+    3: Pieces(
+        TASKS + TASKS_2, WRITE + WRITE_2, CHAT + CHAT_2 + CHAT_3, WHO + WHO_2,
+        WRITING + WRITING_2, WRITING_ABOUT + WRITING_ABOUT_2, MATH + MATH_2 + MATH_3,
         CONCEPTS, INLINE, SNIPPETS_2, SNIPPET_ASKS_2, EDITS_2, TOOL_SETS_2,
     ),
 }
@@ -740,10 +834,21 @@ def _explain(rng, pc: Pieces):
 
 def _math(rng, pc: Pieces):
     a, b, c = rng.randint(2, 12), rng.randint(2, 20), rng.randint(1, 9)
-    text = rng.choice(pc.math).format(
+    template = rng.choice(pc.math)
+    # Version 3's templates also take a sequence's terms and a factorable
+    # quadratic's sum and product; the draw above is unchanged, so versions 1
+    # and 2 compose what they always did.
+    extra = {}
+    if "{a2}" in template:
+        d = rng.randint(2, 9)
+        extra = dict(a2=a + d, a3=a + 2 * d, a4=a + 3 * d)
+    if "{s}" in template:
+        r1, r2 = rng.randint(1, 9), rng.randint(1, 9)
+        extra = dict(s=r1 + r2, m=r1 * r2)
+    text = template.format(
         n1=rng.choice(NAMES), n2=rng.choice(NAMES), item=rng.choice(ITEMS),
         a=a, b=b, c=c, p=rng.randint(2, 15), bill=rng.choice([20, 50, 100]),
-        big=rng.randint(40, 400), p2=rng.randint(40, 400),
+        big=rng.randint(40, 400), p2=rng.randint(40, 400), **extra,
     )
     return text + rng.choice(MATH_STYLE)
 
