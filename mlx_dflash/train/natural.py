@@ -17,7 +17,7 @@ import ast
 import json
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Dict, List, Optional, Sequence
 
@@ -814,12 +814,8 @@ PIECES = {
         WRITING + WRITING_2, WRITING_ABOUT + WRITING_ABOUT_2, MATH + MATH_2,
         CONCEPTS, INLINE, SNIPPETS_2, SNIPPET_ASKS_2, EDITS_2, TOOL_SETS_2,
     ),
-    3: Pieces(
-        TASKS + TASKS_2, WRITE + WRITE_2, CHAT + CHAT_2 + CHAT_3, WHO + WHO_2,
-        WRITING + WRITING_2, WRITING_ABOUT + WRITING_ABOUT_2, MATH + MATH_2 + MATH_3,
-        CONCEPTS, INLINE, SNIPPETS_2, SNIPPET_ASKS_2, EDITS_2, TOOL_SETS_2,
-    ),
 }
+PIECES[3] = replace(PIECES[2], chat=PIECES[2].chat + CHAT_3, math=PIECES[2].math + MATH_3)
 
 
 def _explain(rng, pc: Pieces):

@@ -4,7 +4,7 @@ checkpoints (checkpoint.py) and resume, a progress line; the τ evaluation."""
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import List, Optional, Sequence
 
@@ -130,8 +130,6 @@ def grow_draft(draft: DFlashDraft, num_layers: int) -> DFlashDraft:
     training moves them (zero-initialised residual branches, as in
     function-preserving growth). Starting a larger drafter this way keeps
     everything the smaller one learned instead of training from scratch."""
-    from dataclasses import replace
-
     old = draft.args
     if num_layers <= old.num_hidden_layers:
         return draft
