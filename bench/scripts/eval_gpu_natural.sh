@@ -21,7 +21,8 @@
 # $OUT gets eval.tar (eval-NAME.json and .log for each) and the new draft_vocab.json.
 # Two arms trained on the same data (e.g. GROW=5 in a second RUN whose gen/data.npz links the
 # first's) in one call, side by side: `RUN=A OUT=$OUT/a bash ... & RUN=B SHIPPED=none OUT=$OUT/b
-# bash ... & wait`.
+# bash ... & wait`. Thirteen processes side by side did not finish the natural suites within a
+# 400 s CALL_SECONDS (twenty-fifth session): give the arms' natural runs a call of their own.
 set -uo pipefail
 gguf=${1:?usage: eval_gpu_natural.sh GGUF}
 run=${RUN:-/tmp/dflash-natural}

@@ -15,15 +15,16 @@
 #   version of the pieces the natural requests are composed from: --natural-pieces), then
 #   fine-tuning from INIT starts and runs until CALL_SECONDS after the call began (checkpoint
 #   every 200 steps; SOFT > 0 weighs in the target's own top-SOFT_K distributions, --soft-labels;
-#   GROW=N appends layers to INIT's up to N, starting as INIT's function, --grow-layers).
+#   GROW=N appends layers to INIT's up to N, starting as INIT's function, --grow-layers;
+#   EXTRA_DATA names earlier draws' data.npz files, space-separated, to train on as well).
 # call 2 (~525 s): fine-tuning resumes until EVAL_SECONDS + PACK_SECONDS before CALL_SECONDS,
 #   then `train --eval-only` on the quantized target as shipped: the natural held-out set by
 #   category (greedy, checked against plain greedy; sampled at T 0.7 / 1.0), agent transcripts
 #   at 1k / 4k / 7.9k tokens (SmolLM2's context is 8192: no 16k), the old list; suites that
 #   would start after the eval's budget are listed as skipped. Then $OUT gets
 #   model.safetensors in <16 MiB parts (rejoin: cat model.safetensors.part-* >
-#   mlx_dflash/default_draft/model.safetensors), config.json, eval.json and run.tar (report,
-#   logs). If call 1 dies mid-training, call 2 resumes from the last checkpoint.
+#   mlx_dflash/default_draft/model.safetensors), config.json, eval.json, run.tar (report,
+#   logs) and the generated data in parts (data.npz.part-*). If call 1 dies mid-training, call 2 resumes from the last checkpoint.
 #
 # Or ONE call: `... GGUF once` generates, trains until PACK_SECONDS + 25 s before CALL_SECONDS
 # and packs, without the eval (TRAIN_SECONDS sizes the schedule: set it to the training left).
@@ -65,7 +66,7 @@ train() {
   [ -f "$run/draft/train_state/trainer_state.json" ] && resume=(--resume)
   n=$(find "$out" -name "train*.log" | wc -l)
   $PYTHON -m mlx_dflash.cli --blas "$BLAS" train "${common[@]}" \
-    --out "$run/draft" --data "$run/gen/data.npz" --init "$INIT" ${GROW:+--grow-layers "$GROW"} "${resume[@]}" \
+    --out "$run/draft" --data "$run/gen/data.npz" ${EXTRA_DATA:-} --init "$INIT" ${GROW:+--grow-layers "$GROW"} "${resume[@]}" \
     --batch-size "${BATCH:-16}" --anchors "${ANCHORS:-192}" --batch-tokens "${BATCH_TOKENS:-12288}" \
     --max-len "${MAX_LEN:-8192}" --lr "${LR:-3e-4}" --warmup "${WARMUP:-100}" \
     --steps "${STEPS:-100000}" --time-budget "$TRAIN_SECONDS" --save-every "${SAVE_EVERY:-200}" \
@@ -87,6 +88,12 @@ pack() {
   cp "$run/draft/report.json" "$run/gen/report.json" "$out/" 2>/dev/null || true
   (cd "$out" && tar cf run.tar --remove-files ./*.log ./report.json 2>/dev/null || true)
   split -b 15M "$run/draft/model.safetensors" "$out/model.safetensors.part-"
+  # The generated data too (its own, not a linked one), so that a machine gone cold loses
+  # neither the draft vocabulary's source nor a draw a later stage could train on again
+  # (rejoin: cat data.npz.part-* > data.npz; EXTRA_DATA=that path).
+  if [ -f "$run/gen/data.npz" ] && [ ! -L "$run/gen/data.npz" ]; then
+    split -b 15M "$run/gen/data.npz" "$out/data.npz.part-"
+  fi
   ls -l "$out"
 }
 
