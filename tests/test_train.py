@@ -393,6 +393,13 @@ def test_cli_trains_then_eval_only_prints_tau(tmp_path, capsys):
     main(common + "--eval-only --eval-prompts 1 --eval-max-tokens 8".split())
     result = json.loads(capsys.readouterr().out)
     assert result["identical_to_greedy"] and result["tau"] >= 1.0
+    # Suites: --eval-json is written after each one and holds the whole result at the end.
+    ej = tmp_path / "eval.json"
+    main(common + ["--eval-only", "--eval-sets", "natural,old", "--eval-natural", "1",
+                   "--eval-temperatures", "", "--eval-prompts", "1", "--eval-max-tokens", "8",
+                   "--eval-json", str(ej)])
+    result = json.loads(capsys.readouterr().out)
+    assert json.loads(ej.read_text()) == result and set(result) >= {"natural", "old"}
 
 
 def test_cli_sharded_extended_data_and_init(tmp_path):

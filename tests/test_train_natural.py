@@ -186,8 +186,11 @@ def test_evaluate_runs_every_suite_in_order_and_skips_past_its_budget():
         eval_sampled_context=1, eval_seed=0, eval_prompts=1, eval_max_tokens=4,
         eval_time_budget=None, seed=0,
     )
-    r = evaluate(target, draft, tok, a)
+    seen = []  # what a process cut after each suite would have written
+    r = evaluate(target, draft, tok, a, on_suite=lambda p: seen.append(json.loads(json.dumps(p))))
     assert set(r["natural"]) == {"greedy", "T1.0", "T0.7"} and r["skipped"] == []
+    assert len(seen) == 7 and list(seen[0]["natural"]) == ["greedy"] and "long_1500" not in seen[0]
+    assert seen[-1]["old"] == r["old"] and seen[1]["long_1500"]["greedy"] == r["long_1500"]["greedy"]
     assert set(r["natural"]["greedy"]["per_category"]) == set(DEFAULT_MIX)
     # Losslessness itself is asserted in the test above; here only that it is reported
     # (run after other DFlash runs in one process, the tiny model's natural suite once

@@ -170,10 +170,11 @@ def run_suite(target, draft, tokenizer, prompts: Sequence[Prompt], *, max_tokens
     return out
 
 
-def evaluate(target, draft, tokenizer, a) -> dict:
+def evaluate(target, draft, tokenizer, a, on_suite=None) -> dict:
     """The suites of `--eval-sets` in priority order, within `--eval-time-budget`
     (the first always runs; a later one not started in time is listed as
-    skipped, never cut short)."""
+    skipped, never cut short). `on_suite(result so far)` after each suite: a
+    process stopped from outside (a call's timeout) keeps the suites it finished."""
     t0 = time.perf_counter()
     temps = [float(t) for t in a.eval_temperatures.split(",") if t]
     ctx_max = getattr(target.lm.args, "max_position_embeddings", None)
@@ -216,6 +217,8 @@ def evaluate(target, draft, tokenizer, a) -> dict:
         r["seconds"] = round(time.perf_counter() - ts, 1)
         result.setdefault(suite, {})[mode] = r
         ran += 1
+        if on_suite:
+            on_suite(result)
         print(f"eval {suite}/{mode}: tau {r['tau']} over {r['prompts']} prompts ({r['seconds']}s)", flush=True, file=sys.stderr)
     result["seconds"] = round(time.perf_counter() - t0, 1)
     return result
@@ -278,8 +281,12 @@ def eval_only(a):
     else:
         from .evaluate import evaluate
 
+        def save(partial):  # after each suite: a cut process keeps what it finished
+            if a.eval_json:
+                Path(a.eval_json).write_text(json.dumps({**result, **partial}, indent=1))
+
         try:
-            ev = evaluate(pair.target, pair.drafter, pair.tokenizer, a)
+            ev = evaluate(pair.target, pair.drafter, pair.tokenizer, a, on_suite=save)
         except ValueError as e:
             raise SystemExit(f"error: {e}")
         result.update(ev)
