@@ -12,7 +12,8 @@
 #    agent transcripts at 1k / 4k / 7.9k (+ T 1.0), the old list; new drafter over the whole
 #    vocabulary: natural, long; the shipped drafter (SHIPPED) over the whole vocabulary: long,
 #    old (its natural figure over the whole vocabulary is train_natural.md's), and with its own
-#    draft_vocab.json: natural.
+#    draft_vocab.json: natural. WHOLE=0 leaves out the whole-vocabulary runs (the shipped
+#    drafter's long and old then run with its own draft vocabulary too).
 #    Greedy runs are checked token for token against mlx_lm's own greedy decoding. The drafters
 #    run alone (--prompt-lookup off), as the figures in train_natural.md were made.
 # CPU dry run (real GGUF, tiny scale): RUN=/tmp/dry OUT=/tmp/dry/out PYTHON=.venv/bin/python \
@@ -46,11 +47,16 @@ one() {  # name, drafter dir, --draft-vocab, suites, temperatures
 one new-natural "$run/draft" auto natural 1.0 &
 one new-long "$run/draft" auto long 1.0 &
 one new-old "$run/draft" auto old "" &
-one new-all-natural "$run/draft" all natural "" &
-one new-all-long "$run/draft" all long "" &
+if [ "${WHOLE:-1}" = 1 ]; then
+  one new-all-natural "$run/draft" all natural "" &
+  one new-all-long "$run/draft" all long "" &
+  sv=all
+else  # WHOLE=0: every arm with its own draft vocabulary only, as generate runs it (6 processes)
+  sv=auto
+fi
 if [ "$shipped" != none ]; then  # SHIPPED=none: a second arm beside a first eval's shipped runs
-  one shipped-all-long "$shipped" all long "" &
-  one shipped-all-old "$shipped" all old "" &
+  one "shipped-$sv-long" "$shipped" $sv long "" &
+  one "shipped-$sv-old" "$shipped" $sv old "" &
   one shipped-natural "$shipped" auto natural "" &
 fi
 wait
