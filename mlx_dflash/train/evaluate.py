@@ -276,14 +276,15 @@ def eval_only(a):
     # Ids the drafter may propose (None: the whole vocabulary), as `generate --json`.
     vocab_size = None if pair.drafter.vocab is None else len(pair.drafter.vocab)
     result = {"draft": str(path), "draft_vocab": vocab_size, "prompt_lookup": lookup_of(pair.drafter)}
+
+    def save(partial=None):  # also after each suite: a cut process keeps what it finished
+        if a.eval_json:
+            Path(a.eval_json).write_text(json.dumps({**result, **(partial or {})}, indent=1))
+
     if sets == {"old"}:  # the recorded figures' format
         result.update(held_out_tau(pair.target, pair.tokenizer, pair.drafter, a))
     else:
         from .evaluate import evaluate
-
-        def save(partial):  # after each suite: a cut process keeps what it finished
-            if a.eval_json:
-                Path(a.eval_json).write_text(json.dumps({**result, **partial}, indent=1))
 
         try:
             ev = evaluate(pair.target, pair.drafter, pair.tokenizer, a, on_suite=save)
@@ -291,6 +292,5 @@ def eval_only(a):
             raise SystemExit(f"error: {e}")
         result.update(ev)
     print(json.dumps(result))
-    if a.eval_json:
-        Path(a.eval_json).write_text(json.dumps(result, indent=1))
+    save()
     return result
