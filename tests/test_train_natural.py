@@ -19,7 +19,7 @@ from mlx_dflash.train.evaluate import (
     run_suite,
 )
 from mlx_dflash.train.natural import DEFAULT_MIX, natural_prompts, shared_spans
-from mlx_dflash.train.prompts import encode_messages
+from mlx_dflash.train.prompts import Prompt, encode_messages
 from mlx_dflash.train.trainer import TrainArgs, batch_rows, init_draft, shuffled
 
 
@@ -34,8 +34,10 @@ def test_natural_pieces_1_compose_what_stages_3_to_5_were_trained_on():
     assert digest(natural_prompts(2000, seed=0)) == "596e0471c29abdea"
     # Version 2's (stage 6's) too, unchanged by version 3's pieces.
     assert digest(natural_prompts(2000, seed=0, pieces=2)) == "82581be2819a715f"
-    with pytest.raises(ValueError, match="pieces 4"):
-        natural_prompts(10, pieces=4)
+    # Version 3's (stage 7's) too, unchanged by version 4's free-form requests.
+    assert digest(natural_prompts(2000, seed=0, pieces=3)) == "49638e7333c02aaf"
+    with pytest.raises(ValueError, match="pieces 5"):
+        natural_prompts(10, pieces=5)
 
 
 def test_natural_pieces_2_and_3_are_wider_and_disjoint_from_held_out():
@@ -69,6 +71,38 @@ def test_natural_pieces_2_and_3_are_wider_and_disjoint_from_held_out():
         if name.isupper():
             for x in strings(getattr(natural, name)):
                 assert len(x) <= 15 or not any(x.lower() in t for t in texts), (name, x)
+
+
+def test_natural_pieces_4_draw_free_form_requests_apart_from_held_out():
+    from mlx_dflash.train.natural import FREE_FORM, free_form
+
+    items = json.loads(FREE_FORM.read_text())
+    free = free_form()
+    assert set(free) == set(DEFAULT_MIX) and min(len(v) for v in free.values()) >= 80
+    assert len({json.dumps(i["messages"]) for i in items}) == len(items)
+    for item in items:
+        roles = [m["role"] for m in item["messages"]]
+        assert roles[0] == "user" and roles[-1] in ("user", "tool"), item
+        assert all(m["content"].strip() for m in item["messages"])
+    four = natural_prompts(3000, seed=0, pieces=4)
+    three = natural_prompts(3000, seed=0, pieces=3)
+    assert set(Counter(p.kind for p in four)) == set(DEFAULT_MIX) and len(four) == 3000
+    # About a third of them are free-form (framed: a greeting or thanks around them).
+    cores = {m[0]["content"] for v in free.values() for _, m in v}
+    drawn = [p for p in four if any(c in p.messages[-1]["content"] or c in p.messages[0]["content"]
+                                    or (len(p.messages) > 1 and c in p.messages[1]["content"])
+                                    for c in cores)]
+    assert 0.25 * len(four) < len(drawn) < 0.45 * len(four)
+    # Free tool_use turns come after a system prompt with tools.
+    tools = [p for p in drawn if p.kind == "tool_use"]
+    assert tools and all(p.messages[0]["role"] == "system" and "# Tools" in p.messages[0]["content"]
+                         for p in tools)
+    assert {p.text for p in four} - {p.text for p in three}
+    held = natural_held_out()
+    assert not {p.text for p in held} & {p.text for p in four}
+    # No free-form request shares a run of 10 words with a held-out prompt.
+    as_prompts = [Prompt(m[-1]["content"], c, m) for c, v in free.items() for _, m in v]
+    assert shared_spans(as_prompts, held, n=10) == []
 
 
 def test_held_out_natural_covers_every_category():

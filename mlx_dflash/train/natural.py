@@ -9,6 +9,9 @@ format. Pasted code is real: functions of the stdlib files in the training
 share of `agent_context` (the long-context eval reads the other share).
 Version 2 of the pieces (`pieces=2`) adds more of each, snippets of people's
 own projects, files and text to edit and non-coding tool harnesses.
+Version 4 (`pieces=4`) also draws whole requests written free-form by several
+authors apart from the held-out set (`natural_free.json`), so that not every
+training request is a composition of the same few hundred pieces.
 `long_prompts` adds agent transcripts of 1-8k tokens. `shared_spans` checks
 that no held-out prompt shares a long word span with a training prompt.
 """
@@ -19,6 +22,7 @@ import random
 import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from .agent_context import HARNESSES, _read, _tool, stdlib_files, system_prompt, transcript
@@ -802,6 +806,7 @@ class Pieces:
     snippet_asks: Optional[Dict[str, List[str]]] = None  # more asks a snippet category
     edits: Sequence[tuple] = ()  # copy_edit: (kind, text, asks) besides code snippets
     tool_sets: Sequence[tuple] = ()  # tool_use: (preamble, tools, turns) besides HARNESSES
+    free_share: float = 0.0  # share of each category's requests drawn from FREE_FORM
 
 
 # 1: what stages 3-5 of the default drafter were trained on; 2: those and the
@@ -816,6 +821,37 @@ PIECES = {
     ),
 }
 PIECES[3] = replace(PIECES[2], chat=PIECES[2].chat + CHAT_3, math=PIECES[2].math + MATH_3)
+# 4: version 3 and, for a third of each category, the free-form requests.
+PIECES[4] = replace(PIECES[3], free_share=0.35)
+
+FREE_FORM = Path(__file__).with_name("natural_free.json")
+
+
+@lru_cache(maxsize=None)
+def free_form() -> Dict[str, tuple]:
+    """Version 4's free-form requests by category: (kind, messages) pairs, the
+    kind ("coding" or "general") telling tool_use turns which harness to get."""
+    out: Dict[str, list] = {}
+    for item in json.loads(FREE_FORM.read_text()):
+        out.setdefault(item["category"], []).append((item.get("kind", ""), item["messages"]))
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _free(rng, category: str) -> list:
+    """A free-form request of `category`, its first message opened and closed
+    as people do (`_framed`); a tool_use one after a system prompt with tools
+    (an agent harness of the training share, or a non-coding one)."""
+    kind, msgs = rng.choice(free_form()[category])
+    msgs = [dict(m) for m in msgs]
+    msgs[0]["content"] = _framed(rng, msgs[0]["content"])
+    if category == "tool_use":
+        if kind == "general":
+            preamble, specs, _ = rng.choice(TOOL_SETS_2)
+            tools = [_tool(name, doc, **params) for name, doc, params in specs]
+        else:
+            preamble, tools = rng.choice(HARNESSES["train"])
+        msgs.insert(0, {"role": "system", "content": system_prompt(preamble, tools)})
+    return msgs
 
 
 def _explain(rng, pc: Pieces):
@@ -924,7 +960,10 @@ def natural_prompts(
         if len(out) >= n:
             break
         cat = rng.choices(cats, weights)[0]
-        if cat == "code_write":
+        # Only version 4 draws here, so versions 1-3 compose what they always did.
+        if pc.free_share and rng.random() < pc.free_share:
+            msgs = _free(rng, cat)
+        elif cat == "code_write":
             msgs = _user(rng.choice(pc.write).format(lang=rng.choice(LANGUAGES), task=rng.choice(pc.tasks)))
         elif cat == "code_explain":
             msgs = _user(_explain(rng, pc))
