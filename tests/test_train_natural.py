@@ -138,6 +138,23 @@ def test_transcripts_hit_their_length_and_keep_splits_apart():
     assert m[0]["role"] == "system" and m[-1]["role"] == "user"
 
 
+def test_line_token_counts_belong_to_their_tokenizer_object():
+    # Counts cached per tokenizer object (not its id(), which the next tokenizer made at
+    # that address would inherit), and dropped with it.
+    import gc
+
+    rel = agent_context.stdlib_files("eval")[0]
+    chars, words = make_tokenizer(), make_tokenizer(words=["def ", "return", "self", "    "])
+    a, b = agent_context._line_tokens(chars, rel), agent_context._line_tokens(words, rel)
+    lines = agent_context._read(rel).split("\n")
+    assert a[-1] == sum(len(line) + 1 for line in lines) and b[-1] < a[-1]
+    assert agent_context._line_tokens(words, rel) is b  # once per file and tokenizer
+    held = len(agent_context._LINE_TOKENS)
+    del chars
+    gc.collect()
+    assert len(agent_context._LINE_TOKENS) == held - 1 and words in agent_context._LINE_TOKENS
+
+
 def _prompts(n, lo, hi, seed=3):
     rng = np.random.default_rng(seed)
     return [rng.integers(3, VOCAB - 1, k).tolist() for k in rng.integers(lo, hi, n)]

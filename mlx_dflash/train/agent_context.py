@@ -17,6 +17,7 @@ import itertools
 import json
 import random
 import sysconfig
+import weakref
 from functools import lru_cache
 from pathlib import Path
 from typing import List, Sequence
@@ -145,14 +146,16 @@ def _read(rel: str) -> str:
     return (Path(sysconfig.get_paths()["stdlib"]) / rel).read_text(errors="replace")
 
 
-_LINE_TOKENS: dict = {}
+# Keyed by the tokenizer object itself, weakly: an id() key outlives its object and is
+# reused by the next one made at that address, which would get another vocabulary's counts.
+_LINE_TOKENS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _line_tokens(tokenizer, rel: str) -> List[int]:
     """Cumulative token counts of a file's lines (each line + its newline),
     once per file and tokenizer: an estimate, corrected at the end."""
-    key = (id(tokenizer), rel)
-    if key not in _LINE_TOKENS:
+    per_file = _LINE_TOKENS.setdefault(tokenizer, {})
+    if rel not in per_file:
         lines = [line + "\n" for line in _read(rel).split("\n")]
         # One batched call of the fast tokenizer's backend where there is one.
         backend = getattr(getattr(tokenizer, "_tokenizer", None), "backend_tokenizer", None)
@@ -161,8 +164,8 @@ def _line_tokens(tokenizer, rel: str) -> List[int]:
             sizes = [len(e.ids) for e in enc]
         else:
             sizes = [len(tokenizer.encode(line)) for line in lines]
-        _LINE_TOKENS[key] = [0] + list(itertools.accumulate(sizes))
-    return _LINE_TOKENS[key]
+        per_file[rel] = [0] + list(itertools.accumulate(sizes))
+    return per_file[rel]
 
 
 def _names(source: str) -> List[str]:
