@@ -62,7 +62,10 @@ def make_tokenizer(words=(), think=False) -> TokenizerWrapper:
     """Character-level tokenizer (+ whole-word tokens) with a chatml tool template."""
     specials = SPECIALS + (THINK if think else [])
     chars = ["\n"] + [chr(c) for c in range(32, 127)]
-    vocab = {t: i for i, t in enumerate(specials + list(words) + chars)}
+    # Dense ids (a word that is also a character keeps one id): a model sized
+    # len(vocab) must see no id past its embedding table, whose out-of-range rows
+    # MLX reads from whatever memory follows it (nondeterministic garbage).
+    vocab = {t: i for i, t in enumerate(dict.fromkeys(specials + list(words) + chars))}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()

@@ -243,11 +243,10 @@ def test_evaluate_runs_every_suite_in_order_and_skips_past_its_budget():
     assert len(seen) == 7 and list(seen[0]["natural"]) == ["greedy"] and "long_1500" not in seen[0]
     assert seen[-1]["old"] == r["old"] and seen[1]["long_1500"]["greedy"] == r["long_1500"]["greedy"]
     assert set(r["natural"]["greedy"]["per_category"]) == set(DEFAULT_MIX)
-    # Losslessness itself is asserted in the test above; here only that it is reported
-    # (run after other DFlash runs in one process, the tiny model's natural suite once
-    # reported a mismatch: under investigation, see the helper's report).
-    assert isinstance(r["natural"]["greedy"]["identical_to_greedy"], bool)
-    assert "identical_to_greedy" in r["long_1500"]["greedy"] and "T1.0" in r["long_1500"]
+    # Every suite's greedy output is mlx_lm's own (this once failed in ~half the full-suite
+    # runs: the test tokenizer gave ids past the model's embedding table, read as garbage).
+    assert r["natural"]["greedy"]["identical_to_greedy"], r["natural"]["greedy"]
+    assert r["long_1500"]["greedy"]["identical_to_greedy"] and "T1.0" in r["long_1500"]
     assert r["old"]["greedy"]["prompts"] == 1
     a.eval_time_budget, a.eval_sets = 0.0, {"natural", "old"}
     r = evaluate(target, draft, tok, a)  # the first suite always runs
