@@ -11,7 +11,9 @@ a recipe's seed (`natural_prompts(COUNT, seed=SEED, pieces=PIECES)`, default
 14000, 0 and 1, stage 3's: a recipe answers about half of them); `unseen`,
 prompts of the same generator with another seed that neither that set nor seed
 0's 14000 contain; `unseen2`, the same from version 2 of the generator's pieces
-(`pieces=2`; stage 6 trained on `30000 ... 3 ... 2`); `unseen3` from version 3.
+(`pieces=2`; stage 6 trained on `30000 ... 3 ... 2`); `unseen3` from version 3;
+`free`, version 4's free-form requests (`natural_free.json`, written apart from
+both the generator and the held-out set; no stage has trained on them yet).
 SETS (comma-separated, default held_out,train,unseen) picks them. The composed
 sets take N // 9 prompts a category (the held-out set's mix), N in all when N
 is a multiple of 9. One JSON line per set.
@@ -30,7 +32,8 @@ import mlx.core as mx  # noqa: E402
 
 from mlx_dflash.load import DEFAULT_DRAFT, load_pair  # noqa: E402
 from mlx_dflash.train.evaluate import natural_held_out, run_suite  # noqa: E402
-from mlx_dflash.train.natural import natural_prompts  # noqa: E402
+from mlx_dflash.train.natural import _free, free_form, natural_prompts  # noqa: E402
+from mlx_dflash.train.prompts import Prompt  # noqa: E402
 
 
 def key(p):
@@ -46,6 +49,19 @@ def by_category(prompts, n):
         cats.setdefault(p.kind, []).append(p)
     per = max(1, n // len(cats))
     return [p for c in sorted(cats) for p in cats[c][:per]]
+
+
+def free_requests(n):
+    """n // 9 distinct free-form requests a category, framed as version 4 frames them."""
+    rng, out = random.Random(777), []
+    for cat in sorted(free_form()):
+        seen = set()
+        while len(seen) < max(1, n // len(free_form())):
+            msgs = _free(rng, cat)
+            if key(Prompt("", cat, msgs)) not in seen:
+                seen.add(key(Prompt("", cat, msgs)))
+                out.append(Prompt(msgs[-1]["content"], cat, msgs))
+    return out
 
 
 def main():
@@ -69,6 +85,7 @@ def main():
         "unseen": lambda: ("unseen_seed777", by_category(unseen(1), n)),
         "unseen2": lambda: ("unseen_seed777_pieces2", by_category(unseen(2), n)),
         "unseen3": lambda: ("unseen_seed777_pieces3", by_category(unseen(3), n)),
+        "free": lambda: ("free_form_pieces4", free_requests(n)),
     }
     for want in wanted:
         name, prompts = make[want]()
