@@ -31,6 +31,8 @@
 # A longer schedule over two calls without the built-in eval: `... GGUF 1`, then `... GGUF more`
 # (resumes, trains until the pack's time, packs), with TRAIN_SECONDS the training of both.
 #
+# The generation batch (GEN_BATCH=1024, GEN_TOKENS=786432) is sized for an H200: on an H100
+# (80 GB) it ran out of memory in its third batch (bench/results/train-natural-s31-h100-gen-oom.log).
 # Generation and training use a float16 dequantized copy of the target; tau is measured on the
 # quantized GGUF itself. CPU dry run of both calls (real GGUF, tiny scale):
 #   BLAS=auto DTYPE=float32 EVAL_DTYPE=float32 NATURAL=12 WIDE=4 LONG=2 LONG_TOKENS=600,1200 \
