@@ -4,7 +4,7 @@
 #   bash bench/scripts/train_default.sh GGUF      # the SmolLM2-135M-Instruct Q4_1 GGUF
 #
 # on a machine with two H200s (MLX 0.32.4 CUDA, mlx-lm 0.32.2), about 40 minutes for stages 1-2
-# and 50 more for stages 3-7 (one GPU):
+# and an hour more for stages 3-9 (one GPU):
 #   stage 1 (train_gpu.sh):      the 13.4k 'core' prompts answered (~3 min), a fresh 3-layer
 #                                drafter trained for 770 s
 #   stage 2 (train_gpu_wide.sh): the rest of the 49.8k 'wide' prompts answered, one shard per GPU
@@ -31,8 +31,14 @@
 #                                + 4k wide + 1.5k transcripts answered for 170 s (3.3M tokens),
 #                                stage 6 fine-tuned on them for a 330 s schedule (2,272 steps, all
 #                                run); it keeps stage 6's draft vocabulary (its own responses were
-#                                lost with a machine gone cold before the shipped eval).
-# Stages 1-2 land in /tmp/dflash-wide/draft, the shipped drafter in /tmp/dflash-natural7/draft.
+#                                lost with a machine gone cold before the shipped eval);
+#   stage 9 (train_gpu_natural.sh 1, SEED=6 PIECES=4: version 4, a third of the requests
+#                                free-form): 30k natural + 4k wide + 1.5k transcripts answered for
+#                                150 s (2.0M tokens, 512 rows a batch: an H100), stage 7 fine-tuned
+#                                in the same call until its end (2,297 steps of a 600 s schedule;
+#                                the shipped run's resume ran out of GPU memory), and the draft
+#                                vocabulary of its own responses. (Stage 8 was not shipped.)
+# Stages 1-2 land in /tmp/dflash-wide/draft, the shipped drafter in /tmp/dflash-natural9/draft.
 # With one GPU set GPUS=1 (stage 2's generation then takes ~8 min; raise GEN_SECONDS to 600 so
 # that it answers every prompt). The time budgets fit the step
 # counts to the machine's speed. The lent H200s run at most 10 minutes per command, so the
@@ -50,7 +56,7 @@ bash "$here/train_gpu_wide.sh" "$gguf" gen
 bash "$here/train_gpu_wide.sh" "$gguf" train
 ${PYTHON:-python3} -m mlx_dflash.cli train --eval-only --model "$gguf" --out "$RUN/draft" \
   --eval-prompts "${TAU_PROMPTS:-24}" --eval-max-tokens "${TAU_TOKENS:-256}" | tee "$OUT/tau.json"
-# Stages 3-7 (train_natural.md): each generates, then fine-tunes the stage before.
+# Stages 3-9 (train_natural.md): each generates, then fine-tunes the stage before.
 RUN=/tmp/dflash-natural OUT=/tmp/dflash-natural/out INIT=/tmp/dflash-wide/draft GEN_SECONDS=250 \
   TRAIN_SECONDS=250 bash "$here/train_gpu_natural.sh" "$gguf" once
 RUN=/tmp/dflash-natural4 OUT=/tmp/dflash-natural4/out INIT=/tmp/dflash-natural/draft NATURAL=40000 \
@@ -67,3 +73,9 @@ RUN=/tmp/dflash-natural7 OUT=/tmp/dflash-natural7/out INIT=/tmp/dflash-natural6/
   NATURAL=30000 WIDE=4000 LONG=1500 GEN_SECONDS=170 TRAIN_SECONDS=330 BATCH_TOKENS=8192 \
   bash "$here/train_gpu_natural.sh" "$gguf" once
 cp /tmp/dflash-natural6/draft/draft_vocab.json /tmp/dflash-natural7/draft/
+# Stage 9 as the shipped run made it: one call of 560 s (generate, then train until 535 s).
+RUN=/tmp/dflash-natural9 OUT=/tmp/dflash-natural9/out INIT=/tmp/dflash-natural7/draft SEED=6 PIECES=4 \
+  NATURAL=30000 WIDE=4000 LONG=1500 GEN_SECONDS=150 TRAIN_SECONDS=600 BATCH_TOKENS=8192 GEN_BATCH=512 \
+  GEN_TOKENS=393216 CALL_SECONDS=560 bash "$here/train_gpu_natural.sh" "$gguf" 1
+${PYTHON:-python3} -m mlx_dflash.train.vocab /tmp/dflash-natural9/draft --model "$gguf" \
+  --data /tmp/dflash-natural9/gen/data.npz

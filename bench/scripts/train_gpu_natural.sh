@@ -32,7 +32,10 @@
 # (resumes, trains until the pack's time, packs), with TRAIN_SECONDS the training of both.
 #
 # The generation batch (GEN_BATCH=1024, GEN_TOKENS=786432) is sized for an H200: on an H100
-# (80 GB) it ran out of memory in its third batch (bench/results/train-natural-s31-h100-gen-oom.log).
+# (80 GB) it ran out of memory in its third batch (bench/results/train-natural-s31-h100-gen-oom.log);
+# GEN_BATCH=512 GEN_TOKENS=393216 ran there at up to 15.9k tok/s (stage 9). On that H100 `more`
+# (resume) died after 30 steps, cudaGraphInstantiate out of memory, twice
+# (bench/results/train-natural-s32-h100-resume-oom.log): on an H100 prefer `once` or `1` alone.
 # Generation and training use a float16 dequantized copy of the target; tau is measured on the
 # quantized GGUF itself. CPU dry run of both calls (real GGUF, tiny scale):
 #   BLAS=auto DTYPE=float32 EVAL_DTYPE=float32 NATURAL=12 WIDE=4 LONG=2 LONG_TOKENS=600,1200 \
