@@ -36,8 +36,10 @@ def test_natural_pieces_1_compose_what_stages_3_to_5_were_trained_on():
     assert digest(natural_prompts(2000, seed=0, pieces=2)) == "82581be2819a715f"
     # Version 3's (stage 7's) too, unchanged by version 4's free-form requests.
     assert digest(natural_prompts(2000, seed=0, pieces=3)) == "49638e7333c02aaf"
-    with pytest.raises(ValueError, match="pieces 5"):
-        natural_prompts(10, pieces=5)
+    # Version 4's (stage 9's) too, unchanged by version 5's second free-form set.
+    assert digest(natural_prompts(2000, seed=0, pieces=4)) == "84f3e1d071142ff2"
+    with pytest.raises(ValueError, match="pieces 6"):
+        natural_prompts(10, pieces=6)
 
 
 def test_natural_pieces_2_and_3_are_wider_and_disjoint_from_held_out():
@@ -102,6 +104,36 @@ def test_natural_pieces_4_draw_free_form_requests_apart_from_held_out():
     assert not {p.text for p in held} & {p.text for p in four}
     # No free-form request shares a run of 10 words with a held-out prompt.
     as_prompts = [Prompt(m[-1]["content"], c, m) for c, v in free.items() for _, m in v]
+    assert shared_spans(as_prompts, held, n=10) == []
+
+
+def test_natural_pieces_5_draw_a_second_free_form_set_apart_from_held_out():
+    from mlx_dflash.train.natural import FREE_FORM, FREE_FORM_2, free_form
+
+    first = {json.dumps(i["messages"]) for i in json.loads(FREE_FORM.read_text())}
+    items = json.loads(FREE_FORM_2.read_text())
+    second = free_form((FREE_FORM_2.name,))
+    assert set(second) == set(DEFAULT_MIX) and min(len(v) for v in second.values()) >= 80
+    assert len({json.dumps(i["messages"]) for i in items}) == len(items)
+    assert not first & {json.dumps(i["messages"]) for i in items}
+    for item in items:
+        roles = [m["role"] for m in item["messages"]]
+        assert roles[0] == "user" and roles[-1] == "user", item
+        assert all(m["content"].strip() for m in item["messages"])
+        assert (item["kind"] in ("coding", "general")) == (item["category"] == "tool_use"), item
+    five = natural_prompts(3000, seed=0, pieces=5)
+    assert set(Counter(p.kind for p in five)) == set(DEFAULT_MIX) and len(five) == 3000
+    # About 60% of them are free-form, from both sets.
+    both = free_form((FREE_FORM.name, FREE_FORM_2.name))
+    cores = {m[0]["content"] for v in both.values() for _, m in v}
+    drawn = [p for p in five if any(c in m["content"] for c in cores for m in p.messages[:2])]
+    assert 0.5 * len(five) < len(drawn) < 0.7 * len(five)
+    new = {m[0]["content"] for v in second.values() for _, m in v}
+    assert any(c in p.messages[-1]["content"] or c in p.messages[0]["content"] for p in drawn for c in new)
+    held = natural_held_out()
+    assert not {p.text for p in held} & {p.text for p in five}
+    # No request of the second set shares a run of 10 words with a held-out prompt.
+    as_prompts = [Prompt(m[-1]["content"], c, m) for c, v in second.items() for _, m in v]
     assert shared_spans(as_prompts, held, n=10) == []
 
 

@@ -13,7 +13,8 @@ prompts of the same generator with another seed that neither that set nor seed
 0's 14000 contain; `unseen2`, the same from version 2 of the generator's pieces
 (`pieces=2`; stage 6 trained on `30000 ... 3 ... 2`); `unseen3` from version 3;
 `free`, version 4's free-form requests (`natural_free.json`, written apart from
-both the generator and the held-out set; no stage has trained on them yet).
+both the generator and the held-out set; stage 9 trained on a draw of version 4);
+`free2`, version 5's second set (`natural_free_2.json`, written apart from all three).
 SETS (comma-separated, default held_out,train,unseen) picks them. The composed
 sets take N // 9 prompts a category (the held-out set's mix), N in all when N
 is a multiple of 9. One JSON line per set.
@@ -32,7 +33,7 @@ import mlx.core as mx  # noqa: E402
 
 from mlx_dflash.load import DEFAULT_DRAFT, load_pair  # noqa: E402
 from mlx_dflash.train.evaluate import natural_held_out, run_suite  # noqa: E402
-from mlx_dflash.train.natural import _free, free_form, natural_prompts  # noqa: E402
+from mlx_dflash.train.natural import FREE_FORM, FREE_FORM_2, _free, free_form, natural_prompts  # noqa: E402
 from mlx_dflash.train.prompts import Prompt  # noqa: E402
 
 
@@ -51,13 +52,13 @@ def by_category(prompts, n):
     return [p for c in sorted(cats) for p in cats[c][:per]]
 
 
-def free_requests(n):
-    """n // 9 distinct free-form requests a category, framed as version 4 frames them."""
-    rng, out = random.Random(777), []
-    for cat in sorted(free_form()):
+def free_requests(n, files=(FREE_FORM.name,)):
+    """n // 9 distinct free-form requests a category of `files`, framed as versions 4-5 frame them."""
+    rng, out, pool = random.Random(777), [], free_form(files)
+    for cat in sorted(pool):
         seen = set()
-        while len(seen) < max(1, n // len(free_form())):
-            msgs = _free(rng, cat)
+        while len(seen) < max(1, n // len(pool)):
+            msgs = _free(rng, cat, files)
             if key(Prompt("", cat, msgs)) not in seen:
                 seen.add(key(Prompt("", cat, msgs)))
                 out.append(Prompt(msgs[-1]["content"], cat, msgs))
@@ -86,6 +87,7 @@ def main():
         "unseen2": lambda: ("unseen_seed777_pieces2", by_category(unseen(2), n)),
         "unseen3": lambda: ("unseen_seed777_pieces3", by_category(unseen(3), n)),
         "free": lambda: ("free_form_pieces4", free_requests(n)),
+        "free2": lambda: ("free_form_2_pieces5", free_requests(n, (FREE_FORM_2.name,))),
     }
     for want in wanted:
         name, prompts = make[want]()

@@ -11,7 +11,9 @@ Version 2 of the pieces (`pieces=2`) adds more of each, snippets of people's
 own projects, files and text to edit and non-coding tool harnesses.
 Version 4 (`pieces=4`) also draws whole requests written free-form by several
 authors apart from the held-out set (`natural_free.json`), so that not every
-training request is a composition of the same few hundred pieces.
+training request is a composition of the same few hundred pieces; version 5
+adds a second such set (`natural_free_2.json`) and draws 60% of the requests
+from the two.
 `long_prompts` adds agent transcripts of 1-8k tokens. `shared_spans` checks
 that no held-out prompt shares a long word span with a training prompt.
 """
@@ -806,7 +808,8 @@ class Pieces:
     snippet_asks: Optional[Dict[str, List[str]]] = None  # more asks a snippet category
     edits: Sequence[tuple] = ()  # copy_edit: (kind, text, asks) besides code snippets
     tool_sets: Sequence[tuple] = ()  # tool_use: (preamble, tools, turns) besides HARNESSES
-    free_share: float = 0.0  # share of each category's requests drawn from FREE_FORM
+    free_share: float = 0.0  # share of each category's requests drawn from free_files
+    free_files: Sequence[str] = ()  # files of free-form requests, in this directory
 
 
 # 1: what stages 3-5 of the default drafter were trained on; 2: those and the
@@ -821,27 +824,31 @@ PIECES = {
     ),
 }
 PIECES[3] = replace(PIECES[2], chat=PIECES[2].chat + CHAT_3, math=PIECES[2].math + MATH_3)
-# 4: version 3 and, for a third of each category, the free-form requests.
-PIECES[4] = replace(PIECES[3], free_share=0.35)
-
 FREE_FORM = Path(__file__).with_name("natural_free.json")
+FREE_FORM_2 = Path(__file__).with_name("natural_free_2.json")
+# 4: version 3 and, for a third of each category, the free-form requests.
+PIECES[4] = replace(PIECES[3], free_share=0.35, free_files=(FREE_FORM.name,))
+# 5: stage 9 (version 4) gained most on the free-form requests, which read like people's:
+# a second set of them, written apart from the first, and 60% of each category drawn there.
+PIECES[5] = replace(PIECES[4], free_share=0.6, free_files=(FREE_FORM.name, FREE_FORM_2.name))
 
 
 @lru_cache(maxsize=None)
-def free_form() -> Dict[str, tuple]:
-    """Version 4's free-form requests by category: (kind, messages) pairs, the
-    kind ("coding" or "general") telling tool_use turns which harness to get."""
+def free_form(files: tuple = (FREE_FORM.name,)) -> Dict[str, tuple]:
+    """The free-form requests of `files` by category: (kind, messages) pairs,
+    the kind ("coding" or "general") telling tool_use turns which harness to get."""
     out: Dict[str, list] = {}
-    for item in json.loads(FREE_FORM.read_text()):
-        out.setdefault(item["category"], []).append((item.get("kind", ""), item["messages"]))
+    for name in files:
+        for item in json.loads(FREE_FORM.with_name(name).read_text()):
+            out.setdefault(item["category"], []).append((item.get("kind") or "", item["messages"]))
     return {k: tuple(v) for k, v in out.items()}
 
 
-def _free(rng, category: str) -> list:
+def _free(rng, category: str, files: tuple = (FREE_FORM.name,)) -> list:
     """A free-form request of `category`, its first message opened and closed
     as people do (`_framed`); a tool_use one after a system prompt with tools
     (an agent harness of the training share, or a non-coding one)."""
-    kind, msgs = rng.choice(free_form()[category])
+    kind, msgs = rng.choice(free_form(tuple(files))[category])
     msgs = [dict(m) for m in msgs]
     msgs[0]["content"] = _framed(rng, msgs[0]["content"])
     if category == "tool_use":
@@ -960,9 +967,9 @@ def natural_prompts(
         if len(out) >= n:
             break
         cat = rng.choices(cats, weights)[0]
-        # Only version 4 draws here, so versions 1-3 compose what they always did.
+        # Only versions 4-5 draw here, so versions 1-3 compose what they always did.
         if pc.free_share and rng.random() < pc.free_share:
-            msgs = _free(rng, cat)
+            msgs = _free(rng, cat, pc.free_files)
         elif cat == "code_write":
             msgs = _user(rng.choice(pc.write).format(lang=rng.choice(LANGUAGES), task=rng.choice(pc.tasks)))
         elif cat == "code_explain":
