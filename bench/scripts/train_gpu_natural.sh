@@ -35,7 +35,8 @@
 # (80 GB) it ran out of memory in its third batch (bench/results/train-natural-s31-h100-gen-oom.log);
 # GEN_BATCH=512 GEN_TOKENS=393216 ran there at up to 15.9k tok/s (stage 9). On that H100 `more`
 # (resume) died after 30 steps, cudaGraphInstantiate out of memory, twice
-# (bench/results/train-natural-s32-h100-resume-oom.log): on an H100 prefer `once` or `1` alone.
+# (bench/results/train-natural-s32-h100-resume-oom.log): on an H100 prefer `once` or `1` alone;
+# where a resumed run dies, `2` and `more` go on with its last checkpoint.
 # Generation and training use a float16 dequantized copy of the target; tau is measured on the
 # quantized GGUF itself. CPU dry run of both calls (real GGUF, tiny scale):
 #   BLAS=auto DTYPE=float32 EVAL_DTYPE=float32 NATURAL=12 WIDE=4 LONG=2 LONG_TOKENS=600,1200 \
@@ -102,6 +103,13 @@ pack() {
   ls -l "$out"
 }
 
+resume_failed() {
+  # The resumed run died (on an H100 it ran out of GPU memory: see the header): the last
+  # checkpoint (every SAVE_EVERY steps) is still a drafter, so evaluate and pack that.
+  echo "training stopped early; going on with the checkpoint of step $(grep -o '"step": [0-9]*' \
+    "$run/draft/train_state/trainer_state.json" | grep -o '[0-9]*')" >&2
+}
+
 case $call in
 1)
   generate
@@ -114,11 +122,11 @@ once)
   pack
   ;;
 more)
-  train "$(left $((PACK_SECONDS + 25)))"
+  train "$(left $((PACK_SECONDS + 25)))" || resume_failed
   pack
   ;;
 2)
-  train "$(left $((EVAL_SECONDS + PACK_SECONDS + 25)))"
+  train "$(left $((EVAL_SECONDS + PACK_SECONDS + 25)))" || resume_failed
   budget=$(($(left $((PACK_SECONDS + 25))) - 5))
   # Eval budget: suites start only while it lasts; each runs whole (the biggest, natural greedy, first).
   # shellcheck disable=SC2086
