@@ -75,17 +75,26 @@ def test_natural_pieces_2_and_3_are_wider_and_disjoint_from_held_out():
                 assert len(x) <= 15 or not any(x.lower() in t for t in texts), (name, x)
 
 
-def test_natural_pieces_4_draw_free_form_requests_apart_from_held_out():
-    from mlx_dflash.train.natural import FREE_FORM, free_form
+def _check_free_set(path, last_roles):
+    """A free-form request file: every category with >= 80 requests, none twice,
+    each opened by the user, ended by one of `last_roles`, no empty message."""
+    from mlx_dflash.train.natural import free_form
 
-    items = json.loads(FREE_FORM.read_text())
-    free = free_form()
+    items = json.loads(path.read_text())
+    free = free_form((path.name,))
     assert set(free) == set(DEFAULT_MIX) and min(len(v) for v in free.values()) >= 80
     assert len({json.dumps(i["messages"]) for i in items}) == len(items)
     for item in items:
         roles = [m["role"] for m in item["messages"]]
-        assert roles[0] == "user" and roles[-1] in ("user", "tool"), item
+        assert roles[0] == "user" and roles[-1] in last_roles, item
         assert all(m["content"].strip() for m in item["messages"])
+    return items, free
+
+
+def test_natural_pieces_4_draw_free_form_requests_apart_from_held_out():
+    from mlx_dflash.train.natural import FREE_FORM
+
+    _, free = _check_free_set(FREE_FORM, ("user", "tool"))
     four = natural_prompts(3000, seed=0, pieces=4)
     three = natural_prompts(3000, seed=0, pieces=3)
     assert set(Counter(p.kind for p in four)) == set(DEFAULT_MIX) and len(four) == 3000
@@ -110,16 +119,10 @@ def test_natural_pieces_4_draw_free_form_requests_apart_from_held_out():
 def test_natural_pieces_5_draw_a_second_free_form_set_apart_from_held_out():
     from mlx_dflash.train.natural import FREE_FORM, FREE_FORM_2, free_form
 
+    items, second = _check_free_set(FREE_FORM_2, ("user",))
     first = {json.dumps(i["messages"]) for i in json.loads(FREE_FORM.read_text())}
-    items = json.loads(FREE_FORM_2.read_text())
-    second = free_form((FREE_FORM_2.name,))
-    assert set(second) == set(DEFAULT_MIX) and min(len(v) for v in second.values()) >= 80
-    assert len({json.dumps(i["messages"]) for i in items}) == len(items)
     assert not first & {json.dumps(i["messages"]) for i in items}
     for item in items:
-        roles = [m["role"] for m in item["messages"]]
-        assert roles[0] == "user" and roles[-1] == "user", item
-        assert all(m["content"].strip() for m in item["messages"])
         assert (item["kind"] in ("coding", "general")) == (item["category"] == "tool_use"), item
     five = natural_prompts(3000, seed=0, pieces=5)
     assert set(Counter(p.kind for p in five)) == set(DEFAULT_MIX) and len(five) == 3000
