@@ -4,7 +4,7 @@
 #   bash bench/scripts/train_default.sh GGUF      # the SmolLM2-135M-Instruct Q4_1 GGUF
 #
 # on a machine with two H200s (MLX 0.32.4 CUDA, mlx-lm 0.32.2), about 40 minutes for stages 1-2
-# and an hour more for stages 3-9 (one GPU):
+# and an hour more for stages 3-11 (one GPU):
 #   stage 1 (train_gpu.sh):      the 13.4k 'core' prompts answered (~3 min), a fresh 3-layer
 #                                drafter trained for 770 s
 #   stage 2 (train_gpu_wide.sh): the rest of the 49.8k 'wide' prompts answered, one shard per GPU
@@ -38,7 +38,16 @@
 #                                in the same call until its end (2,297 steps of a 600 s schedule;
 #                                the shipped run's resume ran out of GPU memory), and the draft
 #                                vocabulary of its own responses. (Stage 8 was not shipped.)
-# Stages 1-2 land in /tmp/dflash-wide/draft, the shipped drafter in /tmp/dflash-natural9/draft.
+#   stage 10 (train_gpu_natural.sh once, SEED=7 PIECES=5: version 5, 60% of the requests
+#                                free-form): 30k natural + 4k wide + 1.5k transcripts answered for
+#                                150 s (2.55M tokens), stage 9 fine-tuned in the same call (1,950
+#                                of a 2,002-step, 300 s schedule); it keeps stage 9's draft
+#                                vocabulary (its data was lost with a machine gone cold);
+#   stage 11 (train_gpu_natural.sh once, SEED=8 PIECES=5): 30k natural + 4k wide + 1.5k
+#                                transcripts answered for 150 s (2.67M tokens), stage 10 fine-tuned
+#                                in the same call (~2,000 of a 2,593-step, 300 s schedule: the
+#                                call's stop), and the draft vocabulary of its own responses.
+# Stages 1-2 land in /tmp/dflash-wide/draft, the shipped drafter in /tmp/dflash-natural11/draft.
 # With one GPU set GPUS=1 (stage 2's generation then takes ~8 min; raise GEN_SECONDS to 600 so
 # that it answers every prompt). The time budgets fit the step
 # counts to the machine's speed. The lent H200s run at most 10 minutes per command, so the
@@ -56,7 +65,7 @@ bash "$here/train_gpu_wide.sh" "$gguf" gen
 bash "$here/train_gpu_wide.sh" "$gguf" train
 ${PYTHON:-python3} -m mlx_dflash.cli train --eval-only --model "$gguf" --out "$RUN/draft" \
   --eval-prompts "${TAU_PROMPTS:-24}" --eval-max-tokens "${TAU_TOKENS:-256}" | tee "$OUT/tau.json"
-# Stages 3-9 (train_natural.md): each generates, then fine-tunes the stage before.
+# Stages 3-11 (train_natural.md): each generates, then fine-tunes the stage before.
 RUN=/tmp/dflash-natural OUT=/tmp/dflash-natural/out INIT=/tmp/dflash-wide/draft GEN_SECONDS=250 \
   TRAIN_SECONDS=250 bash "$here/train_gpu_natural.sh" "$gguf" once
 RUN=/tmp/dflash-natural4 OUT=/tmp/dflash-natural4/out INIT=/tmp/dflash-natural/draft NATURAL=40000 \
@@ -79,3 +88,14 @@ RUN=/tmp/dflash-natural9 OUT=/tmp/dflash-natural9/out INIT=/tmp/dflash-natural7/
   GEN_TOKENS=393216 CALL_SECONDS=560 bash "$here/train_gpu_natural.sh" "$gguf" 1
 ${PYTHON:-python3} -m mlx_dflash.train.vocab /tmp/dflash-natural9/draft --model "$gguf" \
   --data /tmp/dflash-natural9/gen/data.npz
+# Stage 10 as its run made it: one call of 565 s (generate, train until 525 s, pack).
+RUN=/tmp/dflash-natural10 OUT=/tmp/dflash-natural10/out INIT=/tmp/dflash-natural9/draft SEED=7 PIECES=5 \
+  NATURAL=30000 WIDE=4000 LONG=1500 GEN_SECONDS=150 TRAIN_SECONDS=300 BATCH_TOKENS=8192 GEN_BATCH=512 \
+  GEN_TOKENS=393216 CALL_SECONDS=565 bash "$here/train_gpu_natural.sh" "$gguf" once
+cp /tmp/dflash-natural9/draft/draft_vocab.json /tmp/dflash-natural10/draft/
+# Stage 11 as the shipped run made it: one call of 540 s (generate, train until 500 s, pack).
+RUN=/tmp/dflash-natural11 OUT=/tmp/dflash-natural11/out INIT=/tmp/dflash-natural10/draft SEED=8 PIECES=5 \
+  NATURAL=30000 WIDE=4000 LONG=1500 GEN_SECONDS=150 TRAIN_SECONDS=300 BATCH_TOKENS=8192 GEN_BATCH=512 \
+  GEN_TOKENS=393216 CALL_SECONDS=540 bash "$here/train_gpu_natural.sh" "$gguf" once
+${PYTHON:-python3} -m mlx_dflash.train.vocab /tmp/dflash-natural11/draft --model "$gguf" \
+  --data /tmp/dflash-natural11/gen/data.npz
