@@ -38,8 +38,10 @@ def test_natural_pieces_1_compose_what_stages_3_to_5_were_trained_on():
     assert digest(natural_prompts(2000, seed=0, pieces=3)) == "49638e7333c02aaf"
     # Version 4's (stage 9's) too, unchanged by version 5's second free-form set.
     assert digest(natural_prompts(2000, seed=0, pieces=4)) == "84f3e1d071142ff2"
-    with pytest.raises(ValueError, match="pieces 6"):
-        natural_prompts(10, pieces=6)
+    # Version 5's (stages 10-11's) too, unchanged by version 6's third set.
+    assert digest(natural_prompts(2000, seed=0, pieces=5)) == "47123a477b737603"
+    with pytest.raises(ValueError, match="pieces 7"):
+        natural_prompts(10, pieces=7)
 
 
 def test_natural_pieces_2_and_3_are_wider_and_disjoint_from_held_out():
@@ -137,6 +139,30 @@ def test_natural_pieces_5_draw_a_second_free_form_set_apart_from_held_out():
     assert not {p.text for p in held} & {p.text for p in five}
     # No request of the second set shares a run of 10 words with a held-out prompt.
     as_prompts = [Prompt(m[-1]["content"], c, m) for c, v in second.items() for _, m in v]
+    assert shared_spans(as_prompts, held, n=10) == []
+
+
+def test_natural_pieces_6_draw_a_third_free_form_set_apart_from_held_out():
+    from mlx_dflash.train.natural import FREE_FORM, FREE_FORM_2, FREE_FORM_3, free_form
+
+    items, third = _check_free_set(FREE_FORM_3, ("user",))
+    earlier = {json.dumps(i["messages"]) for f in (FREE_FORM, FREE_FORM_2) for i in json.loads(f.read_text())}
+    assert not earlier & {json.dumps(i["messages"]) for i in items}
+    for item in items:
+        assert (item["kind"] in ("coding", "general")) == (item["category"] == "tool_use"), item
+    six = natural_prompts(3000, seed=0, pieces=6)
+    assert set(Counter(p.kind for p in six)) == set(DEFAULT_MIX) and len(six) == 3000
+    # About 70% of them are free-form, from the three sets, the third among them.
+    every = free_form((FREE_FORM.name, FREE_FORM_2.name, FREE_FORM_3.name))
+    cores = {m[0]["content"] for v in every.values() for _, m in v}
+    drawn = [p for p in six if any(c in m["content"] for c in cores for m in p.messages[:2])]
+    assert 0.6 * len(six) < len(drawn) < 0.8 * len(six)
+    new = {m[0]["content"] for v in third.values() for _, m in v}
+    assert sum(any(c in m["content"] for c in new for m in p.messages[:2]) for p in drawn) > 0.2 * len(drawn)
+    held = natural_held_out()
+    assert not {p.text for p in held} & {p.text for p in six}
+    # No request of the third set shares a run of 10 words with a held-out prompt.
+    as_prompts = [Prompt(m[-1]["content"], c, m) for c, v in third.items() for _, m in v]
     assert shared_spans(as_prompts, held, n=10) == []
 
 

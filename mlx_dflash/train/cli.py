@@ -97,7 +97,7 @@ def build_parser(parser=None):
         "--natural-pieces",
         type=int,
         default=1,
-        choices=[1, 2, 3, 4, 5],
+        choices=[1, 2, 3, 4, 5, 6],
         help="natural set: version of the hand-written pieces its requests are "
         "composed from (1: the default drafter's stages 3-5; 2: its stage 6, those and more "
         "tasks, request phrasings, concept questions, chat topics, word problems, "
@@ -105,7 +105,8 @@ def build_parser(parser=None):
         "3: those and more kinds of math problems and everyday questions; "
         "4: those and, for a third of each category, whole requests written free-form "
         "by other authors: natural_free.json; 5: those and a second set, natural_free_2.json, "
-        "drawn for 60%% of each category)",
+        "drawn for 60%% of each category; 6: those and a third, natural_free_3.json, "
+        "drawn for 70%%)",
     )
     p.add_argument(
         "--wide-prompts", type=int, default=6000, help="natural set: 'wide' prompts kept in the mix"

@@ -13,7 +13,8 @@ Version 4 (`pieces=4`) also draws whole requests written free-form by several
 authors apart from the held-out set (`natural_free.json`), so that not every
 training request is a composition of the same few hundred pieces; version 5
 adds a second such set (`natural_free_2.json`) and draws 60% of the requests
-from the two.
+from the two; version 6 a third (`natural_free_3.json`, weighted to chat,
+explanations and math, the weakest categories) and 70% from the three.
 `long_prompts` adds agent transcripts of 1-8k tokens. `shared_spans` checks
 that no held-out prompt shares a long word span with a training prompt.
 """
@@ -826,11 +827,17 @@ PIECES = {
 PIECES[3] = replace(PIECES[2], chat=PIECES[2].chat + CHAT_3, math=PIECES[2].math + MATH_3)
 FREE_FORM = Path(__file__).with_name("natural_free.json")
 FREE_FORM_2 = Path(__file__).with_name("natural_free_2.json")
+FREE_FORM_3 = Path(__file__).with_name("natural_free_3.json")
 # 4: version 3 and, for a third of each category, the free-form requests.
 PIECES[4] = replace(PIECES[3], free_share=0.35, free_files=(FREE_FORM.name,))
 # 5: stage 9 (version 4) gained most on the free-form requests, which read like people's:
 # a second set of them, written apart from the first, and 60% of each category drawn there.
 PIECES[5] = replace(PIECES[4], free_share=0.6, free_files=(FREE_FORM.name, FREE_FORM_2.name))
+# 6: stages 9-11 each drew the same 3,202 free-form requests again: a third set, written
+# apart from the others, and 70% of each category drawn from the three.
+PIECES[6] = replace(
+    PIECES[5], free_share=0.7, free_files=(FREE_FORM.name, FREE_FORM_2.name, FREE_FORM_3.name)
+)
 
 
 @lru_cache(maxsize=None)
@@ -967,7 +974,7 @@ def natural_prompts(
         if len(out) >= n:
             break
         cat = rng.choices(cats, weights)[0]
-        # Only versions 4-5 draw here, so versions 1-3 compose what they always did.
+        # Only versions 4-6 draw here, so versions 1-3 compose what they always did.
         if pc.free_share and rng.random() < pc.free_share:
             msgs = _free(rng, cat, pc.free_files)
         elif cat == "code_write":
