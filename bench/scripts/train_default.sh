@@ -46,8 +46,14 @@
 #   stage 11 (train_gpu_natural.sh once, SEED=8 PIECES=5): 30k natural + 4k wide + 1.5k
 #                                transcripts answered for 150 s (2.67M tokens), stage 10 fine-tuned
 #                                in the same call (~2,000 of a 2,593-step, 300 s schedule: the
-#                                call's stop), and the draft vocabulary of its own responses.
-# Stages 1-2 land in /tmp/dflash-wide/draft, the shipped drafter in /tmp/dflash-natural11/draft.
+#                                call's stop), and the draft vocabulary of its own responses;
+#   stage 12 (train_gpu_natural.sh once, SEED=9 PIECES=6: version 6, 70% of the requests
+#                                free-form from three sets): 30k natural + 4k wide + 1.5k
+#                                transcripts answered for 150 s (3.34M tokens), stage 11 fine-tuned
+#                                at 6,144 tokens a batch (8,192 ran out of GPU memory on an H100;
+#                                ~2,680 of a 3,192-step, 380 s schedule: the call's stop), and the
+#                                draft vocabulary of its own responses.
+# Stages 1-2 land in /tmp/dflash-wide/draft, the shipped drafter in /tmp/dflash-natural12/draft.
 # With one GPU set GPUS=1 (stage 2's generation then takes ~8 min; raise GEN_SECONDS to 600 so
 # that it answers every prompt). The time budgets fit the step
 # counts to the machine's speed. The lent H200s run at most 10 minutes per command, so the
@@ -65,7 +71,7 @@ bash "$here/train_gpu_wide.sh" "$gguf" gen
 bash "$here/train_gpu_wide.sh" "$gguf" train
 ${PYTHON:-python3} -m mlx_dflash.cli train --eval-only --model "$gguf" --out "$RUN/draft" \
   --eval-prompts "${TAU_PROMPTS:-24}" --eval-max-tokens "${TAU_TOKENS:-256}" | tee "$OUT/tau.json"
-# Stages 3-11 (train_natural.md): each generates, then fine-tunes the stage before.
+# Stages 3-12 (train_natural.md): each generates, then fine-tunes the stage before.
 RUN=/tmp/dflash-natural OUT=/tmp/dflash-natural/out INIT=/tmp/dflash-wide/draft GEN_SECONDS=250 \
   TRAIN_SECONDS=250 bash "$here/train_gpu_natural.sh" "$gguf" once
 RUN=/tmp/dflash-natural4 OUT=/tmp/dflash-natural4/out INIT=/tmp/dflash-natural/draft NATURAL=40000 \
@@ -99,3 +105,10 @@ RUN=/tmp/dflash-natural11 OUT=/tmp/dflash-natural11/out INIT=/tmp/dflash-natural
   GEN_TOKENS=393216 CALL_SECONDS=540 bash "$here/train_gpu_natural.sh" "$gguf" once
 ${PYTHON:-python3} -m mlx_dflash.train.vocab /tmp/dflash-natural11/draft --model "$gguf" \
   --data /tmp/dflash-natural11/gen/data.npz
+# Stage 12 as the shipped run made it: the generation of a `once` call (its training died of GPU
+# memory at 8,192 tokens a batch), then training from stage 11 in a call of 450 s at 6,144.
+RUN=/tmp/dflash-natural12 OUT=/tmp/dflash-natural12/out INIT=/tmp/dflash-natural11/draft SEED=9 PIECES=6 \
+  NATURAL=30000 WIDE=4000 LONG=1500 GEN_SECONDS=150 TRAIN_SECONDS=380 BATCH_TOKENS=6144 GEN_BATCH=512 \
+  GEN_TOKENS=393216 CALL_SECONDS=610 bash "$here/train_gpu_natural.sh" "$gguf" once
+${PYTHON:-python3} -m mlx_dflash.train.vocab /tmp/dflash-natural12/draft --model "$gguf" \
+  --data /tmp/dflash-natural12/gen/data.npz

@@ -36,7 +36,9 @@
 # GEN_BATCH=512 GEN_TOKENS=393216 ran there at up to 15.9k tok/s (stage 9). On that H100 `more`
 # (resume) died after 30 steps, cudaGraphInstantiate out of memory, twice
 # (bench/results/train-natural-s32-h100-resume-oom.log): on an H100 prefer `once` or `1` alone;
-# where a resumed run dies, `2` and `more` go on with its last checkpoint.
+# where a resumed run dies, `2` and `more` go on with its last checkpoint. Stage 12's training on an
+# H100 died the same way at step ~100 from the start, twice, at BATCH_TOKENS=8192; 6144 ran to the
+# call's stop (bench/results/train-natural-s35-h100-once.log).
 # Generation and training use a float16 dequantized copy of the target; tau is measured on the
 # quantized GGUF itself. CPU dry run of both calls (real GGUF, tiny scale):
 #   BLAS=auto DTYPE=float32 EVAL_DTYPE=float32 NATURAL=12 WIDE=4 LONG=2 LONG_TOKENS=600,1200 \
