@@ -118,52 +118,44 @@ def test_natural_pieces_4_draw_free_form_requests_apart_from_held_out():
     assert shared_spans(as_prompts, held, n=10) == []
 
 
-def test_natural_pieces_5_draw_a_second_free_form_set_apart_from_held_out():
-    from mlx_dflash.train.natural import FREE_FORM, FREE_FORM_2, free_form
+def _check_added_set(pieces, path, earlier, share, new_share):
+    """Version `pieces` adds free-form set `path` to the `earlier` ones: no request
+    repeats an earlier one, each names a harness kind if and only if it is a
+    tool_use request; of the version's prompts a share strictly inside `share`
+    (low, high) is drawn from all the sets, more than `new_share` of those from
+    the added one; no prompt is a held-out one, and no request of the added set
+    shares a run of 10 words with a held-out prompt."""
+    from mlx_dflash.train.natural import free_form
 
-    items, second = _check_free_set(FREE_FORM_2, ("user",))
-    first = {json.dumps(i["messages"]) for i in json.loads(FREE_FORM.read_text())}
-    assert not first & {json.dumps(i["messages"]) for i in items}
-    for item in items:
+    items, added = _check_free_set(path, ("user",))
+    for item in items:  # tool_use requests name the harness they go to; no other does
         assert (item["kind"] in ("coding", "general")) == (item["category"] == "tool_use"), item
-    five = natural_prompts(3000, seed=0, pieces=5)
-    assert set(Counter(p.kind for p in five)) == set(DEFAULT_MIX) and len(five) == 3000
-    # About 60% of them are free-form, from both sets.
-    both = free_form((FREE_FORM.name, FREE_FORM_2.name))
-    cores = {m[0]["content"] for v in both.values() for _, m in v}
-    drawn = [p for p in five if any(c in m["content"] for c in cores for m in p.messages[:2])]
-    assert 0.5 * len(five) < len(drawn) < 0.7 * len(five)
-    new = {m[0]["content"] for v in second.values() for _, m in v}
-    assert any(c in p.messages[-1]["content"] or c in p.messages[0]["content"] for p in drawn for c in new)
+    seen = {json.dumps(i["messages"]) for f in earlier for i in json.loads(f.read_text())}
+    assert not seen & {json.dumps(i["messages"]) for i in items}
+    drawn_from = natural_prompts(3000, seed=0, pieces=pieces)
+    assert set(Counter(p.kind for p in drawn_from)) == set(DEFAULT_MIX) and len(drawn_from) == 3000
+    every = free_form(tuple(f.name for f in earlier) + (path.name,))
+    cores = {m[0]["content"] for v in every.values() for _, m in v}
+    drawn = [p for p in drawn_from if any(c in m["content"] for c in cores for m in p.messages[:2])]
+    assert share[0] * len(drawn_from) < len(drawn) < share[1] * len(drawn_from)
+    new = {m[0]["content"] for v in added.values() for _, m in v}
+    assert sum(any(c in m["content"] for c in new for m in p.messages[:2]) for p in drawn) > new_share * len(drawn)
     held = natural_held_out()
-    assert not {p.text for p in held} & {p.text for p in five}
-    # No request of the second set shares a run of 10 words with a held-out prompt.
-    as_prompts = [Prompt(m[-1]["content"], c, m) for c, v in second.items() for _, m in v]
+    assert not {p.text for p in held} & {p.text for p in drawn_from}
+    as_prompts = [Prompt(m[-1]["content"], c, m) for c, v in added.items() for _, m in v]
     assert shared_spans(as_prompts, held, n=10) == []
+
+
+def test_natural_pieces_5_draw_a_second_free_form_set_apart_from_held_out():
+    from mlx_dflash.train.natural import FREE_FORM, FREE_FORM_2
+
+    _check_added_set(5, FREE_FORM_2, (FREE_FORM,), share=(0.5, 0.7), new_share=0)
 
 
 def test_natural_pieces_6_draw_a_third_free_form_set_apart_from_held_out():
-    from mlx_dflash.train.natural import FREE_FORM, FREE_FORM_2, FREE_FORM_3, free_form
+    from mlx_dflash.train.natural import FREE_FORM, FREE_FORM_2, FREE_FORM_3
 
-    items, third = _check_free_set(FREE_FORM_3, ("user",))
-    earlier = {json.dumps(i["messages"]) for f in (FREE_FORM, FREE_FORM_2) for i in json.loads(f.read_text())}
-    assert not earlier & {json.dumps(i["messages"]) for i in items}
-    for item in items:
-        assert (item["kind"] in ("coding", "general")) == (item["category"] == "tool_use"), item
-    six = natural_prompts(3000, seed=0, pieces=6)
-    assert set(Counter(p.kind for p in six)) == set(DEFAULT_MIX) and len(six) == 3000
-    # About 70% of them are free-form, from the three sets, the third among them.
-    every = free_form((FREE_FORM.name, FREE_FORM_2.name, FREE_FORM_3.name))
-    cores = {m[0]["content"] for v in every.values() for _, m in v}
-    drawn = [p for p in six if any(c in m["content"] for c in cores for m in p.messages[:2])]
-    assert 0.6 * len(six) < len(drawn) < 0.8 * len(six)
-    new = {m[0]["content"] for v in third.values() for _, m in v}
-    assert sum(any(c in m["content"] for c in new for m in p.messages[:2]) for p in drawn) > 0.2 * len(drawn)
-    held = natural_held_out()
-    assert not {p.text for p in held} & {p.text for p in six}
-    # No request of the third set shares a run of 10 words with a held-out prompt.
-    as_prompts = [Prompt(m[-1]["content"], c, m) for c, v in third.items() for _, m in v]
-    assert shared_spans(as_prompts, held, n=10) == []
+    _check_added_set(6, FREE_FORM_3, (FREE_FORM, FREE_FORM_2), share=(0.6, 0.8), new_share=0.2)
 
 
 def test_held_out_natural_covers_every_category():
