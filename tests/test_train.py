@@ -469,3 +469,72 @@ def test_cli_sharded_extended_data_and_init(tmp_path):
             main(common + ["--out", str(tmp_path / "bad")] + bad)
     for (_, x), (_, y) in zip(tree_flatten(a), tree_flatten(b)):
         assert mx.array_equal(x, y)
+
+
+def test_tau_estimate_equals_decoded_greedy_tau(tmp_path):
+    """estimate_tau walks greedy decoding's cycles through one teacher-forced
+    pass over the target's own greedy answers: its tau and each sequence's
+    (tokens, cycles) equal a real DFlash decode's of the same prompts, before
+    and after training (partial acceptance, the answer's end mid-block)."""
+    from mlx_dflash.train.trainer import estimate_tau, evaluate_tau
+
+    target, draft = _setup(4, layers=1)
+    data = _tiny_data(target)
+    prompts = [data.sequence(i)[: data.prompt_lens[i]].tolist() for i in range(len(data))]
+    args = TrainArgs(steps=40, batch_size=4, anchors=8, block_size=4, lr=3e-3, warmup=3,
+                     save_every=0, report_every=5, val_every=0)
+    taus = []
+    for trained in (False, True):
+        if trained:
+            train(draft, target, data, args, out=tmp_path, log=lambda m: None)
+        est = estimate_tau(draft, target, data, args)
+        stats, per_prompt, identical = evaluate_tau(target, draft, prompts, max_tokens=24, block_size=4)
+        assert identical
+        assert est["tau_est"] == stats.tau and est["cycles"] == stats.cycles
+        assert [t / c for t, c in est["per_sequence"]] == per_prompt
+        taus.append(est["tau_est"])
+    assert taus[1] > taus[0]
+
+
+def test_training_reports_validation_sets_it_does_not_train_on(tmp_path):
+    from mlx_dflash.train.trainer import estimate_tau
+
+    target, draft = _setup(4, layers=1)
+    data = _tiny_data(target)
+    held, rest = data.subset(range(3)), data.subset(range(3, len(data)))
+    assert held.sequence(1).tolist() == data.sequence(1).tolist()
+    logs = []
+    args = TrainArgs(steps=5, batch_size=4, anchors=8, block_size=4, warmup=1,
+                     save_every=0, report_every=1, val_every=2)
+    hist = train(draft, target, rest, args, out=tmp_path, val={"held": held}, log=logs.append)
+    vals = [h for h in hist if "val" in h]
+    assert [h["step"] for h in vals] == [0, 2, 4, 5]
+    # The last estimate is the finished drafter's.
+    last = estimate_tau(draft, target, held, args)
+    del last["per_sequence"]
+    assert vals[-1]["val"]["held"] == last
+    assert any(m.startswith("val held step 4: tau ") for m in logs)
+    assert all("loss" in h for h in hist if "val" not in h)
+
+
+def test_cli_validation_share_and_natural_set(tmp_path):
+    from models import save_tiny_model_dir
+
+    from mlx_dflash.train.cli import main
+
+    model = tmp_path / "model"
+    save_tiny_model_dir("llama", model)
+    common = ["--model", str(model), "--num-prompts", "8", "--max-new-tokens", "8",
+              "--gen-batch", "4", "--layers", "1", "--mask-token-id", "95", "--steps", "2",
+              "--batch-size", "2", "--anchors", "4", "--warmup", "1", "--save-every", "0",
+              "--eval-prompts", "0"]
+    report = main(common + ["--out", str(tmp_path / "a"), "--val-share", "0.25",
+                            "--val-natural", "--val-every", "1"])
+    assert report["val_sequences"]["draw"] == round(report["sequences"] * 0.25)
+    # The held-out set's answers (a few of the tiny target's may stop too short to keep).
+    assert 90 <= report["val_sequences"]["natural"] <= 101
+    assert [v["step"] for v in report["val"]] == [0, 1, 2]
+    last = report["val"][-1]["val"]
+    assert set(last) == {"draw", "natural"} and all(e["cycles"] > 0 for e in last.values())
+    with pytest.raises(SystemExit, match="--val-share 1.0"):
+        main(common + ["--out", str(tmp_path / "b"), "--val-share", "1.0"])

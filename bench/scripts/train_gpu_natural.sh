@@ -16,7 +16,10 @@
 #   fine-tuning from INIT starts and runs until CALL_SECONDS after the call began (checkpoint
 #   every 200 steps; SOFT > 0 weighs in the target's own top-SOFT_K distributions, --soft-labels;
 #   GROW=N appends layers to INIT's up to N, starting as INIT's function, --grow-layers;
-#   EXTRA_DATA names earlier draws' data.npz files, space-separated, to train on as well).
+#   EXTRA_DATA names earlier draws' data.npz files, space-separated, to train on as well;
+#   VAL_SHARE holds that share of the draw out of training and VAL_NATURAL=1 answers the natural
+#   held-out set; every VAL_EVERY steps each gets greedy decoding's tau, walked from one
+#   teacher-forced pass: --val-share, --val-natural).
 # call 2 (~525 s): fine-tuning resumes until EVAL_SECONDS + PACK_SECONDS before CALL_SECONDS,
 #   then `train --eval-only` on the quantized target as shipped: the natural held-out set by
 #   category (greedy, checked against plain greedy; sampled at T 0.7 / 1.0), agent transcripts
@@ -79,6 +82,7 @@ train() {
     --max-len "${MAX_LEN:-8192}" --lr "${LR:-3e-4}" --warmup "${WARMUP:-100}" \
     --steps "${STEPS:-100000}" --time-budget "$TRAIN_SECONDS" --save-every "${SAVE_EVERY:-200}" \
     --report-every "${REPORT_EVERY:-50}" --soft-labels "${SOFT:-0}" --soft-top-k "${SOFT_K:-16}" \
+    --val-share "${VAL_SHARE:-0}" ${VAL_NATURAL:+--val-natural} --val-every "${VAL_EVERY:-500}" \
     --eval-prompts 0 --stop-seconds "$1" 2>&1 | tee "$out/train$n.log"
 }
 

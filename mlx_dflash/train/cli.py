@@ -151,6 +151,22 @@ def build_parser(parser=None):
         default=None,
         help="seconds of generation at most",
     )
+    p.add_argument(
+        "--val-share",
+        type=float,
+        default=0.0,
+        help="hold this share of the data's sequences (seeded) out of training and "
+        "report greedy decoding's tau on them (walked from one teacher-forced pass) "
+        "at the start, every --val-every steps and at the end: unseen answers of the "
+        "same draw",
+    )
+    p.add_argument(
+        "--val-natural",
+        action="store_true",
+        help="answer the natural held-out set (greedy, --max-new-tokens) and report "
+        "greedy decoding's tau on it like --val-share's; monitoring only, never "
+        "trained on",
+    )
     p.add_argument("--layers", type=int, default=2, help="draft layers")
     p.add_argument(
         "--features",
@@ -271,6 +287,35 @@ def _answer_missing(target, tokenizer, prompts, reused, a):
             )
         )
     return Dataset.join(parts), round(time.perf_counter() - tg, 1)
+
+
+def validation_sets(target, tokenizer, data, a):
+    """(training data, {name: validation set}) for `--val-share` / `--val-natural`.
+
+    The held-out share is the same for the same --seed and data (a resumed run
+    holds out what the first call did)."""
+    import numpy as np
+
+    from .data import Dataset
+    from .evaluate import natural_held_out
+
+    val = {}
+    if a.val_share > 0:
+        order = np.random.default_rng(a.seed + 11).permutation(len(data))
+        n = int(round(len(data) * a.val_share))
+        if not 0 < n < len(data):
+            raise SystemExit(
+                f"error: --val-share {a.val_share}: holds out {n} of {len(data)} sequences"
+            )
+        val["draw"], data = data.subset(np.sort(order[:n])), data.subset(np.sort(order[n:]))
+    if a.val_natural:
+        ns = argparse.Namespace(**{**vars(a), "gen_shard": None, "sampled_share": 0.0})
+        val["natural"], _ = _answer_missing(
+            target, tokenizer, natural_held_out(), Dataset.from_lists([], []), ns
+        )
+    for name, d in val.items():
+        print(f"val {name}: {len(d)} sequences, {d.response_tokens()} response tokens", file=sys.stderr)
+    return data, val
 
 
 def training_prompts(tokenizer, a, seed):
@@ -394,6 +439,9 @@ def main(argv=None):
             intermediate_size=a.intermediate_size,
             seed=targs.seed,
         )
+    data, val = validation_sets(target, tokenizer, data, a)
+    if val:
+        report["val_sequences"] = {name: len(d) for name, d in val.items()}
     tt = time.perf_counter()
     history = train(
         draft,
@@ -402,10 +450,13 @@ def main(argv=None):
         targs,
         out=out,
         resume=a.resume,
+        val=val,
         log=lambda m: print(m, file=sys.stderr),
     )
     report["train_seconds"] = round(time.perf_counter() - tt, 1)
-    report["history"] = history[-5:]
+    report["history"] = [h for h in history if "loss" in h][-5:]
+    if val:
+        report["val"] = [h for h in history if "val" in h]
     # Ship in a half-precision dtype; fp32 weights for --resume stay in
     # DIR/train_state.
     draft.set_dtype(getattr(mx, a.save_dtype))

@@ -44,6 +44,12 @@ class Dataset:
         )
         return cls(flat, offsets, np.asarray(prompt_lens, dtype=np.int64))
 
+    def subset(self, idx: Sequence[int]) -> "Dataset":
+        """The sequences at `idx`, in that order."""
+        return Dataset.from_lists(
+            [self.sequence(int(i)) for i in idx], self.prompt_lens[np.asarray(idx, dtype=np.int64)]
+        )
+
     def save(self, path):
         dtype = (
             np.uint16

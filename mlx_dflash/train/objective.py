@@ -235,6 +235,7 @@ def block_loss(
         "valid": mx.stop_gradient(valid.sum(axis=(0, 1))),
         "accepted": mx.stop_gradient((run * anchor_valid).sum()),
         "blocks": anchor_valid.sum(),
+        "run": mx.stop_gradient(run * anchor_valid),  # (N, A): each block's correct run
     }
     return loss, stats
 
