@@ -476,6 +476,8 @@ def test_tau_estimate_equals_decoded_greedy_tau(tmp_path):
     pass over the target's own greedy answers: its tau and each sequence's
     (tokens, cycles) equal a real DFlash decode's of the same prompts, before
     and after training (partial acceptance, the answer's end mid-block)."""
+    from dataclasses import replace
+
     from mlx_dflash.train.trainer import estimate_tau, evaluate_tau
 
     target, draft = _setup(4, layers=1)
@@ -494,6 +496,10 @@ def test_tau_estimate_equals_decoded_greedy_tau(tmp_path):
         assert [t / c for t, c in est["per_sequence"]] == per_prompt
         taus.append(est["tau_est"])
     assert taus[1] > taus[0]
+    # Sequences past --max-len are walked as training truncates them.
+    short = replace(args, max_len=20)
+    cut = Dataset.from_lists([data.sequence(i)[:20] for i in range(len(data))], data.prompt_lens)
+    assert estimate_tau(draft, target, data, short) == estimate_tau(draft, target, cut, short)
 
 
 def test_training_reports_validation_sets_it_does_not_train_on(tmp_path):

@@ -268,12 +268,13 @@ def estimate_tau(draft: DFlashDraft, target, data: Dataset, args: TrainArgs, *, 
         n = st["blocks"].item()
         loss, weight = loss + batch_loss.item() * n, weight + n
         correct, valid = correct + st["correct"][0].item(), valid + st["valid"][0].item()
-        runs, anchors = np.array(st["run"]), np.array(anc)
+        runs = np.array(st["run"])  # row r's anchors: its response positions in order
         for r, i in enumerate(idx):
-            run = dict(zip(anchors[r].tolist(), runs[r].tolist()))
-            p, end, tokens, cycles = int(data.prompt_lens[i]), len(data.sequence(i)), 0, 0
+            first = int(data.prompt_lens[i])
+            end = min(len(data.sequence(i)), args.max_len)  # as make_batch truncates
+            p, tokens, cycles = first, 0, 0
             while p <= end - 2:  # a cycle needs a token after its anchor
-                take = min(run[p] + 1, end - 1 - p)  # no bonus token past the answer's end
+                take = min(int(runs[r, p - first]) + 1, end - 1 - p)  # no bonus past the end
                 tokens, cycles, p = tokens + take, cycles + 1, p + take
             per_sequence.append((tokens, cycles))
     tokens, cycles = (sum(x) for x in zip(*per_sequence)) if per_sequence else (0, 0)
@@ -449,9 +450,12 @@ def train(
             },
         )
 
+    validated = [None]  # the step last validated
+
     def validate(step):
         if not val:
             return
+        validated[0] = step
         est = {
             name: estimate_tau(draft, target, d, args, head=head)
             for name, d in val.items()
@@ -480,22 +484,20 @@ def train(
         step += 1
         pending.append((step, loss, stats))
         # Read the previous step while this one runs: the host builds the next
-        # graph instead of idling. A checkpoint waits for its own step.
+        # graph instead of idling. A checkpoint or validation waits for its own step.
         saving = args.save_every and step % args.save_every == 0
-        while len(pending) > (0 if saving else 1):
+        validating = bool(val) and args.val_every and step % args.val_every == 0
+        while len(pending) > (0 if saving or validating else 1):
             read(*pending.pop(0))
         if saving:
             save(step)
-        if args.val_every and step % args.val_every == 0:
-            for p in pending:
-                read(*p)
-            pending.clear()
+        if validating:
             validate(step)
     for p in pending:
         read(*p)
     prog.close()
     save(step)
-    if not (history and history[-1].get("step") == step and "val" in history[-1]):
+    if validated[0] != step:
         validate(step)
     return history
 
