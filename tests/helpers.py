@@ -139,14 +139,16 @@ class LiveServer:
         import uvicorn
 
         from mlx_dflash.server import Engine, EngineConfig, create_app
+        from mlx_dflash.server.cli import uvicorn_config
 
         self.engine = Engine(
             provider, EngineConfig(model_name="tiny", **config)
         ).start()
         app = create_app(self.engine, api_key=api_key, **(app_args or {}))
         self.app = app if wrap is None else wrap(app)
+        # serve's own settings (keep-alive): the SDK clients below pool.
         self.server = uvicorn.Server(
-            uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning")
+            uvicorn_config(self.app, "127.0.0.1", 0, "warning")
         )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()

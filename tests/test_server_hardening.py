@@ -430,3 +430,30 @@ def test_sigterm_during_a_stream_exits_cleanly(tmp_path, path):
     else:
         assert [x for x in lines if x][-1] == "data: [DONE]"
         assert data[-1]["error"]["code"] == "server_shutting_down"
+
+
+def test_idle_keep_alive_connection_outlives_client_pools(tmp_path):
+    """SDK clients (httpx) reuse a connection idle up to 5 s, uvicorn's own
+    default: a request sent as the server closes its side was reset (a CI
+    failure, anthropic.APIConnectionError). serve keeps idle connections
+    open past that, so the same socket still answers after 6 s."""
+    import http.client
+    from urllib.parse import urlparse
+
+    model_dir = tmp_path / "model"
+    save_tiny_model_dir("qwen3", model_dir)
+    proc, url = serve_process(model_dir)
+    try:
+        conn = http.client.HTTPConnection(urlparse(url).netloc, timeout=10)
+        conn.request("GET", "/v1/models")
+        assert conn.getresponse().read() and conn.sock is not None
+        sock = conn.sock
+        time.sleep(6)
+        conn.request("GET", "/v1/models")
+        r = conn.getresponse()
+        assert r.status == 200 and json.loads(r.read())["data"][0]["id"] == "tiny"
+        assert conn.sock is sock  # the same connection, not a reconnect
+        conn.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0

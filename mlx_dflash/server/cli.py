@@ -26,6 +26,23 @@ from ..load import (
 )
 from .app import MAX_REQUEST_BYTES
 
+# Clients pool idle connections for about uvicorn's default keep-alive (httpx,
+# so the openai/anthropic SDKs: 5 s; Node: 4-5 s). A request sent as the
+# server closes its side meets a reset (APIConnectionError, no retry when the
+# client turned retries off): keep ours open well past the clients' expiry.
+KEEP_ALIVE_SECONDS = 75
+
+
+def uvicorn_config(app, host: str, port: int, log_level: str) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        timeout_graceful_shutdown=5,
+    )
+
 
 def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add_engine_args(parser)
@@ -267,13 +284,7 @@ def main(argv=None):
     app = create_app(
         engine, api_key=api_keys, max_request_bytes=args.max_request_bytes
     )
-    config = uvicorn.Config(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level.lower(),
-        timeout_graceful_shutdown=5,
-    )
+    config = uvicorn_config(app, args.host, args.port, args.log_level.lower())
     try:
         Server(config, engine).run()
     finally:
