@@ -120,6 +120,22 @@ _WIDE_LOAD = """if ((16 * u) % GS == 0) {
           PAIR v = __hfma2(__hsub2(*reinterpret_cast<PAIR*>(&h), base), sc2[p][j], zb2[p][j]);
           tw[i] = *reinterpret_cast<unsigned*>(&v);
         }"""
+# The 64-k fetch with matmul.py's byte-permute dequantization (the wide4
+# variants above shift and mask: 6 instructions a pair against 4). Both halves
+# were measured apart (sixteenth and seventeenth sessions), never together.
+# `--variants wide4p,wide4pu2,wide4pu1`.
+_WIDE_PRMT_LOAD = _WIDE_LOAD[: _WIDE_LOAD.index("        unsigned* tw")] + """        const unsigned w0 = pw[p][j].w[2 * u], w1 = pw[p][j].w[2 * u + 1];
+        const unsigned hi[2] = {w0 >> 4, w1 >> 4};
+        unsigned* tw = reinterpret_cast<unsigned*>(wv[p][j]);
+        #pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const unsigned b = i & 3;
+          const unsigned t = __byte_perm(i < 4 ? w0 : w1, hi[i / 4], b | ((b + 4) << 8));
+          unsigned h;
+          asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xEA;" : "=r"(h) : "r"(t), "r"(magic));
+          PAIR v = __hfma2(__hsub2(*reinterpret_cast<PAIR*>(&h), base), sc2[p][j], zb2[p][j]);
+          tw[i] = *reinterpret_cast<unsigned*>(&v);
+        }"""
 # 4 bits by shifts and masks, as shipped until the seventeenth session (6
 # instructions a pair; matmul.py's byte permute takes 4, and measured 5-20%
 # faster: h200-probe-linear-prmt4.jsonl, where it ran as `prmt4`). `--variants shift4`.
@@ -138,16 +154,17 @@ _SHIFT4_LOAD = linear._PACKED4_LOAD.replace(
 _SHIPPED = (linear._SOURCE, linear._PACKED4_LOAD)
 
 
-def wide_fetch(unroll):
+def wide_fetch(unroll, load=_WIDE_LOAD):
     """linear.py's kernel text with the 64-k 4-bit fetch, unrolled `unroll` deep."""
     source = _SHIPPED[0]
     assert _LOOP in source and _LOOP_END in source, "matmul.py's loop changed"
     source = source.replace(_LOOP, _WIDE_LOOP.replace("UNROLL", str(unroll)))
     source = source.replace(_LOOP_END, _LOOP_END + "  }\n")
-    return source, _WIDE_LOAD
+    return source, load
 
 
 WIDE = {"wide4": 4, "wide4u2": 2, "wide4u1": 1}
+WIDE_PRMT = {"wide4p": 4, "wide4pu2": 2, "wide4pu1": 1}
 
 VARIANTS = {
     "base": [],
@@ -162,6 +179,7 @@ VARIANTS = {
     "coal_nc256": [coalesced, weights_via("ldw", 4)],
     "shift4": [],
     **{name: [] for name in WIDE},
+    **{name: [] for name in WIDE_PRMT},
 }
 
 _original = mx.fast.cuda_kernel
@@ -182,7 +200,9 @@ def use_variant(name):
     mx.fast.cuda_kernel = build
     linear._kernels.clear()
     linear._SOURCE, linear._PACKED4_LOAD = (
-        wide_fetch(WIDE[name]) if name in WIDE else _SHIPPED
+        wide_fetch(WIDE[name]) if name in WIDE
+        else wide_fetch(WIDE_PRMT[name], _WIDE_PRMT_LOAD) if name in WIDE_PRMT
+        else _SHIPPED
     )
     if name == "shift4":
         linear._PACKED4_LOAD = _SHIFT4_LOAD
@@ -223,7 +243,8 @@ def main():
     p.add_argument("--bits", type=int, choices=(4, 8), help="packed weights (group 64)")
     p.add_argument("--stock", action="store_true", help="also time the stock ops")
     a = p.parse_args()
-    if any(v in WIDE for v in a.variants.split(",")) and (a.bits != 4 or a.rows > 16):
+    wide = {**WIDE, **WIDE_PRMT}
+    if any(v in wide for v in a.variants.split(",")) and (a.bits != 4 or a.rows > 16):
         p.error("the wide4 variants are for --bits 4 at 16 rows or fewer")
     h, f, v, kvh = 4096, 12288, 151936, 1024
     bf = mx.bfloat16
