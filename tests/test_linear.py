@@ -634,3 +634,40 @@ def test_quantized_fused_launches_match_stock(bits):
     close(block_matmul(h, wd, residual=x), x + dense(wd, h))
     # One launch takes one kind of weight: dense and packed do not mix.
     assert not applies(x, ws[0], mx.zeros((n, k), mx.bfloat16))
+
+
+def test_probe_variants_each_build_their_own_kernel(monkeypatch):
+    """bench/probes/probe_linear_variants.py times kernel-text variants in one
+    process. matmul._plan keeps each kind of launch's kernel, so a variant
+    that did not clear it ran the first variant's kernel (every multi-variant
+    run from 79244f7 on). Each variant's launch must carry its own text."""
+    import sys
+    from pathlib import Path
+
+    from mlx_dflash.kernels import matmul
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "bench" / "probes"))
+    plv = __import__("probe_linear_variants")
+    built = []
+
+    def build(**kw):  # stands in for mx.fast.cuda_kernel (no GPU here)
+        built.append(kw["source"])
+        return lambda **call: [mx.zeros(s, d) for s, d in zip(call["output_shapes"], call["output_dtypes"])]
+
+    monkeypatch.setattr(plv, "_original", build)
+    monkeypatch.setattr(mx.fast, "cuda_kernel", build)
+    w = Packed(*mx.quantize(mx.zeros((64, 256), mx.bfloat16), group_size=64, bits=4), 64, 4)
+    x = mx.zeros((16, 256), mx.bfloat16)
+    marks = {"base": "__byte_perm", "shift4": "(t << 12)", "u8": "#pragma unroll 8", "wide4p": "16 * u"}
+    try:
+        for name, mark in marks.items():
+            plv.use_variant(name)
+            if not plv.VARIANTS[name]:
+                monkeypatch.setattr(mx.fast, "cuda_kernel", build)
+            built.clear()
+            matmul._launch(x, [w], cols=16, warps=4)
+            assert len(built) == 1 and mark in built[0], name
+    finally:
+        plv.use_variant("base")
+        matmul._plan.cache_clear()
+        sys.modules.pop("probe_linear_variants", None)

@@ -10,7 +10,7 @@ shipped kernel's output. These timings include the Python time to queue the
 calls; for the GPU's time per launch, `--reps 0` makes one launch of each for
 a profiler (how speed.md section 12 used it):
 
-    python bench/probes/probe_linear_variants.py [--calls 72] [--variants base,u2]
+    python bench/probes/probe_linear_variants.py [--calls 72] [--variants base,u2] [--rounds 3]
     python bench/probes/probe_linear_variants.py --bits 4 --variants base,wide4,wide4u2 \
         --tilings auto,16x8,32x4   # the 64-k 4-bit fetch against the shipped 16-k one
     python bench/probes/probe_linear_variants.py --bits 4 --variants base,shift4 --tilings auto
@@ -137,8 +137,9 @@ _WIDE_PRMT_LOAD = _WIDE_LOAD[: _WIDE_LOAD.index("        unsigned* tw")] + """  
           tw[i] = *reinterpret_cast<unsigned*>(&v);
         }"""
 # 4 bits by shifts and masks, as shipped until the seventeenth session (6
-# instructions a pair; matmul.py's byte permute takes 4, and measured 5-20%
-# faster: h200-probe-linear-prmt4.jsonl, where it ran as `prmt4`). `--variants shift4`.
+# instructions a pair; matmul.py's byte permute takes 4; never timed against
+# it: h200-probe-linear-prmt4.jsonl's `prmt4` rows ran this decode again,
+# the kernel `base` had built, see use_variant). `--variants shift4`.
 _PERMUTE = linear._PACKED4_LOAD[linear._PACKED4_LOAD.index("const unsigned hi[2]"):]
 _SHIFT4_LOAD = linear._PACKED4_LOAD.replace(
     _PERMUTE,
@@ -199,6 +200,11 @@ def use_variant(name):
     tag = name
     mx.fast.cuda_kernel = build
     linear._kernels.clear()
+    # matmul._plan keeps each kind of launch's kernel: without this, every
+    # variant after the first ran the kernel the first built at that tiling
+    # (so from 79244f7 to the thirty-seventh session, variants compared in one
+    # run timed one kernel: bench/results/README.md, "Thirty-seventh session").
+    linear._plan.cache_clear()
     linear._SOURCE, linear._PACKED4_LOAD = (
         wide_fetch(WIDE[name]) if name in WIDE
         else wide_fetch(WIDE_PRMT[name], _WIDE_PRMT_LOAD) if name in WIDE_PRMT
@@ -242,6 +248,8 @@ def main():
     p.add_argument("--rows", type=int, default=16)
     p.add_argument("--bits", type=int, choices=(4, 8), help="packed weights (group 64)")
     p.add_argument("--stock", action="store_true", help="also time the stock ops")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time the variants this many times over, in turn (order effects)")
     a = p.parse_args()
     wide = {**WIDE, **WIDE_PRMT}
     if any(v in wide for v in a.variants.split(",")) and (a.bits != 4 or a.rows > 16):
@@ -344,11 +352,14 @@ def main():
             t = timed(lambda: [stock[name](sets[i % 8]) for i in range(calls)], a.reps)
             row[name] = {"us": round(t / calls * 1e6, 1), "GBps": round(nbytes * calls / t / 1e9)}
         print(json.dumps(row), flush=True)
-    for var in a.variants.split(","):
+    # Rounds alternate the variants (A B A B ...): the same kernel timed first
+    # and later in one run has differed by 5-20%, more than most variants do.
+    for rnd_i, var in [(r, v) for r in range(a.rounds) for v in a.variants.split(",")]:
         use_variant(var)
         for tiling in a.tilings.split(","):
             cols, warps = parse(tiling)
-            row = {"variant": var, "cols": cols, "warps": warps, "rows": a.rows, "bits": a.bits}
+            row = {"variant": var, "round": rnd_i, "cols": cols, "warps": warps,
+                   "rows": a.rows, "bits": a.bits}
             total_b = total_t = 0.0
             for name, (nbytes, call) in cases.items():
                 if not fits(name, cols, warps, h, f):

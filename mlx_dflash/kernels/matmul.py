@@ -244,8 +244,10 @@ _PACKED_LOAD = """const size_t gi = wrow * (K / GS) + kk / GS;
 # generic path's 4-bit verify slower than bf16's. One PRMT puts byte b of the
 # word and of the word shifted by 4 in the pair's two halves, one LOP3 masks
 # both nibbles and sets MAGIC's exponent: 4 instructions a pair against 6 with
-# shifts and masks, and 5-20% off every packed 16-row launch on the H200
-# (bench/results/h200-probe-linear-prmt4.jsonl).
+# shifts and masks (nvcc sm_90: the 16 x 4 K loop 831 -> 674 instructions).
+# Its speed against the shift decode is unmeasured: the probe run read as
+# 5-20% faster timed the shift decode twice (bench/results/README.md,
+# thirty-seventh session).
 _PACKED4_LOAD = """const size_t gi = wrow * (K / GS) + kk / GS;
         PAIR s2, z2;
         s2.x = s2.y = ws[p][gi];
