@@ -412,7 +412,8 @@ def tiling(rows: int, k: int, bits: Optional[int] = None, ns=()):
     need more registers than each of 512 threads may hold ("too many
     resources requested for launch"); 4-bit ones at one row tile 4 warps
     (Qwen3-8B shapes, 16 rows: a layer's launches 194 -> 166 us, the lm_head
-    315 -> 300 us; bench/results/h200-probe-linear-packed-tilings.jsonl)."""
+    315 -> 300 us, timed after 16 x 8 in one run, where order alone has moved
+    a kernel 4-20%; bench/results/h200-probe-linear-packed-tilings.jsonl)."""
     if bits:
         return (COLS, 4) if bits == 4 and rows <= 16 else (COLS, WARPS)
     if rows <= 16:
