@@ -26,11 +26,12 @@ from ..load import (
 )
 from .app import MAX_REQUEST_BYTES
 
-# Clients pool idle connections for about uvicorn's default keep-alive (httpx,
-# so the openai/anthropic SDKs: 5 s; Node: 4-5 s). A request sent as the
-# server closes its side meets a reset (APIConnectionError, no retry when the
-# client turned retries off): keep ours open well past the clients' expiry.
-KEEP_ALIVE_SECONDS = 75
+# Clients pool idle connections for as long as uvicorn's default keep-alive or
+# longer (httpx, so the openai/anthropic SDKs: 5 s; Node: 4-5 s; hyper/reqwest,
+# so Codex, and Go: 90 s). A request sent as the server closes its side meets a
+# reset (APIConnectionError, no retry when the client turned retries off):
+# keep ours open past every one of them.
+KEEP_ALIVE_SECONDS = 120
 
 
 def uvicorn_config(app, host: str, port: int, log_level: str) -> uvicorn.Config:
