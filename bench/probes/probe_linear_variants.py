@@ -336,7 +336,12 @@ def main():
                 for name, (_, call) in cases.items():
                     if not fits(name, cols, warps, h, f):
                         continue
-                    mx.eval(call(sets[2], cols, warps))
+                    try:
+                        mx.eval(call(sets[2], cols, warps))
+                    except Exception as e:  # e.g. too many resources requested
+                        print(json.dumps({"skipped": f"{var} {cols}x{warps} {name}",
+                                          "error": str(e)[:80]}), flush=True)
+                        continue
                     order.append(f"{var} {cols}x{warps} {name}")
         print(json.dumps({"order": order}))
         mx.fast.cuda_kernel = _original

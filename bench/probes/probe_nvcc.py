@@ -7,7 +7,8 @@ worth a device call).
     python bench/probes/probe_nvcc.py --variants base,wide4p,wide4pu2 [--bits 4] [--rows 16]
 
 Cases: a Qwen3-8B layer's gate/up (SwiGLU, the RMSNorm folded in) and o_proj
-(the residual added), at the tiling matmul.py picks for the rows and bits.
+(the residual added), at the tiling matmul.py picks for the rows and bits
+(or `--tiling COLSxWARPS`, as probe_linear_variants.py takes it).
 The launch's text is captured where `mx.fast.cuda_kernel` would build it (a
 stand-in takes it) and wrapped as MLX wraps it: a template kernel whose
 inputs are the named arrays, plus `*_shape` / `*_ndim` where the text reads
@@ -49,14 +50,20 @@ def weight(n, k, bits):
     return matmul.Packed(*mx.quantize(w, group_size=64, bits=bits), 64, bits)
 
 
-def capture(case, rows, bits):
+def capture(case, rows, bits, cols=None, warps=None):
     h, f = 4096, 12288
     x = mx.zeros((rows, h), mx.bfloat16)
     if case == "gate_up":
         norm = (mx.ones((h,), mx.bfloat16), 1e-6)
-        matmul._launch(x, [weight(f, h, bits), weight(f, h, bits)], swiglu=True, norm=norm)
+        matmul._launch(
+            x, [weight(f, h, bits), weight(f, h, bits)], swiglu=True, norm=norm,
+            cols=cols, warps=warps,
+        )
     else:
-        matmul._launch(x, [weight(h, h, bits)], residual=mx.zeros((rows, h), mx.bfloat16))
+        matmul._launch(
+            x, [weight(h, h, bits)], residual=mx.zeros((rows, h), mx.bfloat16),
+            cols=cols, warps=warps,
+        )
     return Captured.last
 
 
@@ -86,15 +93,17 @@ def main():
     p.add_argument("--rows", type=int, default=16)
     p.add_argument("--keep", default="/tmp/probe_nvcc")
     p.add_argument("--nvcc", default="nvcc")
+    p.add_argument("--tiling", default="auto", help="COLSxWARPS, as probe_linear_variants")
     a = p.parse_args()
+    cols, warps = plv.parse(a.tiling)
     keep = Path(a.keep)
     keep.mkdir(parents=True, exist_ok=True)
     for variant in a.variants.split(","):
         plv._original = Captured  # use_variant's builds all end there
         plv.use_variant(variant)
         for case in ("gate_up", "o"):
-            build, launch = capture(case, a.rows, a.bits)
-            cu = keep / f"{variant}_{case}.cu"
+            build, launch = capture(case, a.rows, a.bits, cols, warps)
+            cu = keep / f"{variant}_{case}_{a.tiling}.cu"
             cu.write_text(source(build, launch))
             out = subprocess.run(
                 [a.nvcc, "-arch=sm_90", "-cubin", "-O3", "-Xptxas", "-v",
@@ -105,7 +114,7 @@ def main():
             regs = re.search(r"Used (\d+) registers", log)
             spill = re.search(r"(\d+) bytes spill stores", log)
             print(json.dumps({
-                "variant": variant, "case": case, "rows": a.rows, "bits": a.bits or 16,
+                "variant": variant, "case": case, "tiling": a.tiling, "rows": a.rows, "bits": a.bits or 16,
                 "template": {k: (str(v) if isinstance(v, mx.Dtype) else v) for k, v in launch["template"]},
                 "ok": out.returncode == 0,
                 "registers": int(regs.group(1)) if regs else None,
