@@ -155,6 +155,43 @@ _SHIFT4_LOAD = linear._PACKED4_LOAD.replace(
 _SHIPPED = (linear._SOURCE, linear._PACKED4_LOAD)
 
 
+# 4 bits, decoded where the mma reads them: a lane keeps each tile's packed
+# word pair, scale and bias (6 registers against the shipped 8 decoded ones)
+# and decodes the two pairs an mma step takes just before it. With fewer
+# registers a tile, wider column tiles fit (32 or 64 columns at 16 rows), so
+# each x fragment a warp loads feeds more weight bytes: at 16 columns a lane
+# loads 64 bytes of x for every 16 bytes of 4-bit weights. `--variants late4`.
+_LATE_DECL = "    uint2 pu[P][NT];  // 16 consecutive k of one weight row, packed\n    PAIR sc2[P][NT], zb2[P][NT];\n"
+_LATE_LOAD = """const size_t gi = wrow * (K / GS) + kk / GS;
+        sc2[p][j].x = sc2[p][j].y = ws[p][gi];
+        zb2[p][j].x = zb2[p][j].y = wz[p][gi];
+        pu[p][j] = *reinterpret_cast<const uint2*>(wq[p] + (wrow * K + kk) / 8);"""
+_LATE_MMA = """const unsigned wd = s < 2 ? pu[p][j].x : pu[p][j].y;
+            const unsigned magic = MAGIC;
+            const PAIR base = *reinterpret_cast<const PAIR*>(&magic);
+            unsigned bw[2];
+            #pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const unsigned b = (2 * s + e) & 3;
+              const unsigned tt = __byte_perm(wd, wd >> 4, b | ((b + 4) << 8));
+              unsigned h;
+              asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xEA;" : "=r"(h) : "r"(tt), "r"(magic));
+              PAIR v = __hfma2(__hsub2(*reinterpret_cast<PAIR*>(&h), base), sc2[p][j], zb2[p][j]);
+              bw[e] = *reinterpret_cast<unsigned*>(&v);
+            }
+            mma16816(acc[p][m][j], a, bw[0], bw[1]);"""
+_DECODED_DECL = "    uint4 wv[P][NT][2];  // 16 consecutive k of one weight row, as T\n"
+_DECODED_MMA = """const unsigned* uw = reinterpret_cast<const unsigned*>(wv[p][j]);
+            mma16816(acc[p][m][j], a, uw[2 * s], uw[2 * s + 1]);"""
+
+
+def late_decode():
+    """linear.py's kernel text with 4-bit weights decoded at the mma."""
+    source = _SHIPPED[0]
+    assert _DECODED_DECL in source and _DECODED_MMA in source, "matmul.py's loop changed"
+    return source.replace(_DECODED_DECL, _LATE_DECL).replace(_DECODED_MMA, _LATE_MMA), _LATE_LOAD
+
+
 def wide_fetch(unroll, load=_WIDE_LOAD):
     """linear.py's kernel text with the 64-k 4-bit fetch, unrolled `unroll` deep."""
     source = _SHIPPED[0]
@@ -181,6 +218,7 @@ VARIANTS = {
     "shift4": [],
     **{name: [] for name in WIDE},
     **{name: [] for name in WIDE_PRMT},
+    "late4": [],
 }
 
 _original = mx.fast.cuda_kernel
@@ -208,6 +246,7 @@ def use_variant(name):
     linear._SOURCE, linear._PACKED4_LOAD = (
         wide_fetch(WIDE[name]) if name in WIDE
         else wide_fetch(WIDE_PRMT[name], _WIDE_PRMT_LOAD) if name in WIDE_PRMT
+        else late_decode() if name == "late4"
         else _SHIPPED
     )
     if name == "shift4":
@@ -251,9 +290,9 @@ def main():
     p.add_argument("--rounds", type=int, default=1,
                    help="time the variants this many times over, in turn (order effects)")
     a = p.parse_args()
-    wide = {**WIDE, **WIDE_PRMT}
-    if any(v in wide for v in a.variants.split(",")) and (a.bits != 4 or a.rows > 16):
-        p.error("the wide4 variants are for --bits 4 at 16 rows or fewer")
+    four = {**WIDE, **WIDE_PRMT, "late4": 0}
+    if any(v in four for v in a.variants.split(",")) and (a.bits != 4 or a.rows > 16):
+        p.error("the wide4 and late4 variants are for --bits 4 at 16 rows or fewer")
     h, f, v, kvh = 4096, 12288, 151936, 1024
     bf = mx.bfloat16
     rnd = lambda *s: (mx.random.normal(s) * s[-1] ** -0.5).astype(bf)
