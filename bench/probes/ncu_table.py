@@ -1,6 +1,7 @@
 """A table of linear.py kernel launches from an `ncu --csv` log of
-probe_linear_variants.py (`--reps 0`): variant, tiling, layer part, GPU time,
-share of DRAM peak, registers and active warps.
+probe_linear_variants.py (`--reps 0`): variant, tiling, layer part, and the
+metrics the log has of GPU time, DRAM, L2 and L1 traffic, instructions, issue
+activity, registers and active warps.
 
     python bench/probes/ncu_table.py bench/results/h200-ncu-linear-unroll.csv
 """
@@ -48,19 +49,32 @@ def label(name: str, seen_res: dict, reference: bool) -> str:
     return f"{variant:13s} {int(nt) * 8:2d} cols x {warps:2s} warps  {part}"
 
 
+# Columns: metric, header, value from the CSV's text. A column shows where the
+# log has its metric (runs collected different sets).
+num = lambda v: float(v.replace(",", ""))
+COLUMNS = [
+    ("gpu__time_duration.sum", "us", lambda v: f"{num(v) / 1e3:.1f}"),
+    ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "DRAM %", str),
+    ("dram__bytes_read.sum", "DRAM MB", lambda v: f"{num(v) / 1e6:.1f}"),
+    ("lts__t_bytes.sum", "L2 MB", lambda v: f"{num(v) / 1e6:.1f}"),
+    ("l1tex__t_bytes.sum", "L1 MB", lambda v: f"{num(v) / 1e6:.1f}"),
+    ("smsp__inst_executed.sum", "M inst", lambda v: f"{num(v) / 1e6:.2f}"),
+    ("smsp__issue_active.avg.pct_of_peak_sustained_active", "issue %", str),
+    ("launch__registers_per_thread", "regs", str),
+    ("sm__warps_active.avg.pct_of_peak_sustained_active", "warps %", str),
+]
+
+
 def main(path):
     seen = {}
-    print(f"{'launch':45s} {'us':>7s} {'DRAM %':>7s} {'regs':>5s} {'warps %':>8s}")
+    rows = [k for k in launches(path) if re.search("dflash_block_linear|gemv", k["name"])]
+    cols = [c for c in COLUMNS if rows and c[0] in rows[0]]
+    print(f"{'launch':45s} " + " ".join(f"{h:>8s}" for _, h, _ in cols))
     # The probe's first 5 launches are its reference outputs (linear.py's own
     # tiling).
-    for i, k in enumerate(launches(path)):
-        us = float(k["gpu__time_duration.sum"].replace(",", "")) / 1e3
-        print(
-            f"{label(k['name'], seen, i < 5):45s} {us:7.1f} "
-            f"{k['dram__throughput.avg.pct_of_peak_sustained_elapsed']:>7s} "
-            f"{k['launch__registers_per_thread']:>5s} "
-            f"{k['sm__warps_active.avg.pct_of_peak_sustained_active']:>8s}"
-        )
+    for i, k in enumerate(rows):
+        cells = " ".join(f"{fmt(k[m]):>8s}" for m, _, fmt in cols)
+        print(f"{label(k['name'], seen, i < 5):45s} {cells}")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ more registers than a multiprocessor holds for the tiling's warps, is not
 worth a device call).
 
     python bench/probes/probe_nvcc.py --variants base,wide4p,wide4pu2 [--bits 4] [--rows 16]
+        [--cuobjdump PATH]   # also count the K loop's SASS instructions
 
 Cases: a Qwen3-8B layer's gate/up (SwiGLU, the RMSNorm folded in) and o_proj
 (the residual added), at the tiling matmul.py picks for the rows and bits
@@ -86,6 +87,31 @@ def source(build, launch) -> str:
     )
 
 
+def k_loop(cubin: Path, cuobjdump: str) -> dict:
+    """The SASS of the kernel's K loop: the backward branch's body with the most
+    mma instructions (the unrolled main loop); its instructions, mma among them,
+    and its most frequent opcodes."""
+    sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True).stdout
+    ins = re.findall(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", sass)
+    pcs = [(int(pc, 16), op, rest) for pc, op, rest in ins]
+    best = None
+    for pc, op, rest in pcs:
+        target = re.match(r"\s*(0x[0-9a-f]+)", rest) if op == "BRA" else None
+        if target and int(target.group(1), 16) < pc:
+            body = [o for q, o, _ in pcs if int(target.group(1), 16) <= q <= pc]
+            mma = sum(o.startswith("HMMA") for o in body)
+            if best is None or mma > best[1]:
+                best = (body, mma)
+    if best is None:
+        return {}
+    body, mma = best
+    ops = {}
+    for o in body:
+        ops[o] = ops.get(o, 0) + 1
+    top = dict(sorted(ops.items(), key=lambda kv: -kv[1])[:8])
+    return {"loop_instructions": len(body), "loop_mma": mma, "loop_top": top}
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--variants", default="base")
@@ -94,6 +120,8 @@ def main():
     p.add_argument("--keep", default="/tmp/probe_nvcc")
     p.add_argument("--nvcc", default="nvcc")
     p.add_argument("--tiling", default="auto", help="COLSxWARPS, as probe_linear_variants")
+    p.add_argument("--cuobjdump", default="", help="count the K loop's SASS with this cuobjdump "
+                   "(PyPI nvidia-cuda-cuobjdump has one)")
     a = p.parse_args()
     cols, warps = plv.parse(a.tiling)
     keep = Path(a.keep)
@@ -120,6 +148,8 @@ def main():
                 "registers": int(regs.group(1)) if regs else None,
                 "spill_bytes": int(spill.group(1)) if spill else None,
                 **({} if out.returncode == 0 else {"error": log[-600:]}),
+                **(k_loop(cu.with_suffix(".cubin"), a.cuobjdump)
+                   if a.cuobjdump and out.returncode == 0 else {}),
             }), flush=True)
     return 0
 
