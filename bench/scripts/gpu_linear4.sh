@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Issue #25: which 4-bit block-linear kernel issues fewest instructions *and* runs fastest at 16
+# rows (a draft or verify block), by GPU time per launch from Nsight Compute, one launch each, no
+# host queueing and no order effect. Prepared in the thirty-eighth session, not yet run: its SASS
+# counts on the CPU are bench/results/cpu-nvcc-sass-s38.jsonl (wide4p at 32 x 4: a third fewer
+# instructions per mma than the shipped kernel). One call on a machine staged with MLX CUDA
+# (shared/device/mlx-cuda/stage.sh), from the repo root, ~4 minutes:
+#   export PYTHONPATH=/root/site:$PWD; OUT=$OUT bash bench/scripts/gpu_linear4.sh
+# bench/probes/ncu_table.py prints each CSV (variant, tiling, layer part, GPU time, DRAM / L2 / L1
+# bytes, instructions, issue activity, registers, active warps).
+set -u
+out=${OUT:-bench/results}
+command -v ncu >/dev/null || export PATH=$PATH:/usr/local/cuda/bin
+m=gpu__time_duration.sum,smsp__inst_executed.sum,dram__bytes_read.sum,lts__t_bytes.sum,l1tex__t_bytes.sum
+m=$m,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active
+m=$m,launch__registers_per_thread
+ncu="ncu --clock-control none --csv -k regex:dflash_block_linear --metrics $m"
+probe="python3 bench/probes/probe_linear_variants.py --bits 4 --rows 16 --reps 0"
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '-' | tr 'A-Z' 'a-z')
+
+# The decodes and fetches at the shipped tiling (16 columns x 4 warps).
+timeout 120 $ncu $probe --variants base,shift4,wide4p,late4 --tilings auto \
+  > $out/$gpu-ncu-linear4-variants.csv 2>&1
+# Wider column tiles (each x fragment feeding more weight bytes) and more warps splitting K.
+timeout 150 $ncu $probe --variants base,wide4p,late4 --tilings 32x4,32x8,64x4,64x8 \
+  > $out/$gpu-ncu-linear4-tilings.csv 2>&1
+for f in $out/$gpu-ncu-linear4-*.csv; do python3 bench/probes/ncu_table.py $f; done
