@@ -156,7 +156,7 @@ _SHIPPED = (linear._SOURCE, linear._PACKED4_LOAD)
 
 
 # 4 bits, decoded where the mma reads them: a lane keeps each tile's packed
-# word pair, scale and bias (6 registers against the shipped 8 decoded ones)
+# word pair, scale and bias (4 registers against the shipped 8 decoded ones)
 # and decodes the two pairs an mma step takes just before it. With fewer
 # registers a tile, wider column tiles fit (32 or 64 columns at 16 rows), so
 # each x fragment a warp loads feeds more weight bytes: at 16 columns a lane
