@@ -220,6 +220,8 @@ VARIANTS = {
     **{name: [] for name in WIDE_PRMT},
     "late4": [],
 }
+# Variants whose text assumes 4-bit words and one row tile.
+FOUR_BIT_ONE_TILE = {*WIDE, *WIDE_PRMT, "late4"}
 
 _original = mx.fast.cuda_kernel
 
@@ -290,8 +292,7 @@ def main():
     p.add_argument("--rounds", type=int, default=1,
                    help="time the variants this many times over, in turn (order effects)")
     a = p.parse_args()
-    four = {**WIDE, **WIDE_PRMT, "late4": 0}
-    if any(v in four for v in a.variants.split(",")) and (a.bits != 4 or a.rows > 16):
+    if FOUR_BIT_ONE_TILE & set(a.variants.split(",")) and (a.bits != 4 or a.rows > 16):
         p.error("the wide4 and late4 variants are for --bits 4 at 16 rows or fewer")
     h, f, v, kvh = 4096, 12288, 151936, 1024
     bf = mx.bfloat16

@@ -21,6 +21,7 @@ import json
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import mlx.core as mx
@@ -105,10 +106,7 @@ def k_loop(cubin: Path, cuobjdump: str) -> dict:
     if best is None:
         return {}
     body, mma = best
-    ops = {}
-    for o in body:
-        ops[o] = ops.get(o, 0) + 1
-    top = dict(sorted(ops.items(), key=lambda kv: -kv[1])[:8])
+    top = dict(Counter(body).most_common(8))
     return {"loop_instructions": len(body), "loop_mma": mma, "loop_top": top}
 
 
