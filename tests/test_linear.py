@@ -660,7 +660,8 @@ def test_probe_variants_each_build_their_own_kernel(monkeypatch):
     monkeypatch.setattr(mx.fast, "cuda_kernel", build)
     w = Packed(*mx.quantize(mx.zeros((64, 256), mx.bfloat16), group_size=64, bits=4), 64, 4)
     x = mx.zeros((16, 256), mx.bfloat16)
-    marks = {"base": "__byte_perm", "shift4": "(t << 12)", "u8": "#pragma unroll 8", "wide4p": "16 * u"}
+    marks = {"base": "__byte_perm", "shift4": "(t << 12)", "u8": "#pragma unroll 8", "wide4p": "16 * u",
+             "late4": "bw[0]"}
     try:
         for name, mark in marks.items():
             plv.use_variant(name)
