@@ -25,3 +25,9 @@ timeout 120 $ncu $probe --variants base,shift4,wide4p,late4 --tilings auto \
 timeout 150 $ncu $probe --variants base,wide4p,late4 --tilings 32x4,32x8,64x4,64x8 \
   > $out/$gpu-ncu-linear4-tilings.csv 2>&1
 for f in $out/$gpu-ncu-linear4-*.csv; do python3 bench/probes/ncu_table.py $f; done
+
+# Wall time per call over 8 rotating weight sets (host queueing included), 3 rounds in turn, with
+# the stock quantized_matmul for scale: the figure a decode actually sees.
+timeout 200 python3 bench/probes/probe_linear_variants.py --bits 4 --rows 16 --rounds 3 --stock \
+  --variants base,shift4,wide4p,late4 --tilings auto,32x4,64x4 > $out/$gpu-linear4-timed.txt 2>&1
+tail -40 $out/$gpu-linear4-timed.txt
