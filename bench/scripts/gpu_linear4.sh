@@ -21,13 +21,14 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '-' |
 # The decodes and fetches at the shipped tiling (16 columns x 4 warps).
 timeout 120 $ncu $probe --variants base,shift4,wide4p,late4 --tilings auto \
   > $out/$gpu-ncu-linear4-variants.csv 2>&1
-# Wider column tiles (each x fragment feeding more weight bytes) and more warps splitting K.
-timeout 150 $ncu $probe --variants base,wide4p,late4 --tilings 32x4,32x8,64x4,64x8 \
+# Wider column tiles (each x fragment feeding more weight bytes) and more warps splitting K (o
+# and down run at 12-17% active warps at 16 x 4: latency-bound, so more warps may pay there).
+timeout 180 $ncu $probe --variants base,wide4p,late4 --tilings 16x8,16x16,32x4,32x8,64x4 \
   > $out/$gpu-ncu-linear4-tilings.csv 2>&1
 for f in $out/$gpu-ncu-linear4-*.csv; do python3 bench/probes/ncu_table.py $f; done
 
 # Wall time per call over 8 rotating weight sets (host queueing included), 3 rounds in turn, with
 # the stock quantized_matmul for scale: the figure a decode actually sees.
 timeout 200 python3 bench/probes/probe_linear_variants.py --bits 4 --rows 16 --rounds 3 --stock \
-  --variants base,shift4,wide4p,late4 --tilings auto,32x4,64x4 > $out/$gpu-linear4-timed.txt 2>&1
+  --variants base,shift4,wide4p,late4 --tilings auto,16x8,32x4 > $out/$gpu-linear4-timed.txt 2>&1
 tail -40 $out/$gpu-linear4-timed.txt
