@@ -29,6 +29,6 @@ for f in $out/$gpu-ncu-linear4-*.csv; do python3 bench/probes/ncu_table.py $f; d
 
 # Wall time per call over 8 rotating weight sets (host queueing included), 3 rounds in turn, with
 # the stock quantized_matmul for scale: the figure a decode actually sees.
-timeout 200 python3 bench/probes/probe_linear_variants.py --bits 4 --rows 16 --rounds 3 --stock \
+timeout 150 python3 bench/probes/probe_linear_variants.py --bits 4 --rows 16 --rounds 3 --stock \
   --variants base,shift4,wide4p,late4 --tilings auto,16x8,32x4 > $out/$gpu-linear4-timed.txt 2>&1
 tail -40 $out/$gpu-linear4-timed.txt

@@ -8,14 +8,17 @@
 #                                         the default pair: ours beside z-lab's reference loop
 #                                         (pip install --no-deps dflash==0.1.0 first)
 #   bash bench/scripts/gpu_quant.sh cuda  the whole GPU suite (pytest -m cuda), log in $OUT
+# VIA runs the 8b / 9b benches through a 4-bit kernel variant not yet in matmul.py, TAG names it:
+#   VIA="python3 bench/probes/with_variant.py --variant late4 --tiling 32x4 --" TAG=-late4-32x4 \
+#     bash bench/scripts/gpu_quant.sh 8b
 set -u
 out=${OUT:-bench/results}
 reps=${REPEATS:-3}  # SECONDS_EACH: the 8b / 9b runs' timeout
-b="python3 -m mlx_dflash.bench --draft engine --block-size 16 --dtype bfloat16 --peaked --cooldown 0.5 --tau 6.5 --max-tokens 256 --no-png --suites code --prompts-per-suite 1 --repeats $reps --quantize 4 --group-size 64 --draft-quantize none,4"
+b="${VIA:-python3} -m mlx_dflash.bench --draft engine --block-size 16 --dtype bfloat16 --peaked --cooldown 0.5 --tau 6.5 --max-tokens 256 --no-png --suites code --prompts-per-suite 1 --repeats $reps --quantize 4 --group-size 64 --draft-quantize none,4"
 for what in "$@"; do
   case $what in
-  8b) timeout ${SECONDS_EACH:-200} $b --shape qwen3-8b --out $out/h200-q4-qwen3-8b-drafts ;;
-  9b) timeout ${SECONDS_EACH:-220} $b --shape qwen3.5-9b --out $out/h200-q4-qwen3_5-9b-drafts ;;
+  8b) timeout ${SECONDS_EACH:-200} $b --shape qwen3-8b --out $out/h200-q4-qwen3-8b-drafts${TAG:-} ;;
+  9b) timeout ${SECONDS_EACH:-220} $b --shape qwen3.5-9b --out $out/h200-q4-qwen3_5-9b-drafts${TAG:-} ;;
   zlab)
     d=mlx_dflash/default_draft
     timeout 150 python3 -m mlx_dflash.bench --model "${GGUF:?GGUF=path}" --draft $d,zlab:$d \

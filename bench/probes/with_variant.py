@@ -1,0 +1,75 @@
+"""Probe: run any mlx_dflash command with a probe_linear_variants.py 4-bit
+variant (and tiling) in place of matmul.py's 4-bit kernel, so a variant that
+wins a launch's GPU time is measured end to end (a verify, a draft pass, the
+bench's tok/s and token match against stock) before it is written into
+matmul.py. Dense and 8-bit launches keep the shipped text and tiling.
+
+    python bench/probes/with_variant.py --variant late4 --tiling 32x4 -- \
+        -m mlx_dflash.bench --shape qwen3-8b --quantize 4 ...
+
+`--tiling` applies to 4-bit launches of one row tile (<= 16 rows), where the
+variants' text was written for (probe_linear_variants.FOUR_BIT_ONE_TILE);
+larger 4-bit blocks keep the shipped tiling with the variant's text.
+"""
+
+import argparse
+import runpy
+import sys
+
+import probe_linear_variants as plv  # bench/probes/, beside this script
+from mlx_dflash.kernels import matmul
+
+_BUILD, _TILING = matmul._kernel, matmul.tiling  # the shipped ones
+
+
+def install(variant: str, tiling: str) -> None:
+    """Route matmul.py's 4-bit kernel builds through `variant`'s text and
+    its one-tile launches through `tiling` ('auto': matmul.py's)."""
+    plv.use_variant(variant)
+    text = matmul._SOURCE, matmul._PACKED4_LOAD
+    matmul._SOURCE, matmul._PACKED4_LOAD = plv._SHIPPED
+    build = _BUILD
+
+    def kernel(dtype, groups, bias, swiglu, eps, residual, packed):
+        if packed != 4:
+            return build(dtype, groups, bias, swiglu, eps, residual, packed)
+        shipped = matmul._SOURCE, matmul._PACKED4_LOAD
+        matmul._SOURCE, matmul._PACKED4_LOAD = text
+        try:
+            return build(dtype, groups, bias, swiglu, eps, residual, packed)
+        finally:
+            matmul._SOURCE, matmul._PACKED4_LOAD = shipped
+
+    matmul._kernel = kernel
+    cols, warps = plv.parse(tiling)
+    if cols is not None:
+        auto = _TILING
+
+        def tiling_for(rows, k, bits=None, ns=()):
+            if bits == 4 and rows <= 16:
+                return cols, warps
+            return auto(rows, k, bits, ns)
+
+        matmul.tiling = tiling_for
+    else:
+        matmul.tiling = _TILING
+    matmul._plan.cache_clear()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--variant", required=True, choices=sorted(plv.VARIANTS))
+    p.add_argument("--tiling", default="auto", help="COLSxWARPS for 4-bit blocks of <= 16 rows")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="-- -m MODULE ARGS...")
+    a = p.parse_args()
+    rest = a.rest[1:] if a.rest[:1] == ["--"] else a.rest
+    if rest[:1] != ["-m"] or len(rest) < 2:
+        p.error("after --, give -m MODULE and its arguments")
+    install(a.variant, a.tiling)
+    print(f"with_variant: 4-bit kernel {a.variant}, one-tile tiling {a.tiling}", flush=True)
+    sys.argv = [rest[1], *rest[2:]]
+    runpy.run_module(rest[1], run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()
