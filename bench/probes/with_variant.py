@@ -6,6 +6,7 @@ matmul.py. Dense and 8-bit launches keep the shipped text and tiling.
 
     python bench/probes/with_variant.py --variant late4 --tiling 32x4 -- \
         -m mlx_dflash.bench --shape qwen3-8b --quantize 4 ...
+    python bench/probes/with_variant.py --variant late4 -- bench/probes/probe_draft_pass.py qwen3-8b
 
 `--tiling` applies to 4-bit launches of one row tile (<= 16 rows), where the
 variants' text was written for (probe_linear_variants.FOUR_BIT_ONE_TILE);
@@ -60,15 +61,20 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variant", required=True, choices=sorted(plv.VARIANTS))
     p.add_argument("--tiling", default="auto", help="COLSxWARPS for 4-bit blocks of <= 16 rows")
-    p.add_argument("rest", nargs=argparse.REMAINDER, help="-- -m MODULE ARGS...")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="-- -m MODULE ARGS... | -- SCRIPT ARGS...")
     a = p.parse_args()
     rest = a.rest[1:] if a.rest[:1] == ["--"] else a.rest
-    if rest[:1] != ["-m"] or len(rest) < 2:
-        p.error("after --, give -m MODULE and its arguments")
+    module = rest[:1] == ["-m"]
+    if len(rest) < 1 + module:
+        p.error("after --, give -m MODULE or a script, and its arguments")
     install(a.variant, a.tiling)
     print(f"with_variant: 4-bit kernel {a.variant}, one-tile tiling {a.tiling}", flush=True)
-    sys.argv = [rest[1], *rest[2:]]
-    runpy.run_module(rest[1], run_name="__main__", alter_sys=True)
+    if module:
+        sys.argv = [rest[1], *rest[2:]]
+        runpy.run_module(rest[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = rest
+        runpy.run_path(rest[0], run_name="__main__")
 
 
 if __name__ == "__main__":
