@@ -672,3 +672,54 @@ def test_probe_variants_each_build_their_own_kernel(monkeypatch):
         plv.use_variant("base")
         matmul._plan.cache_clear()
         sys.modules.pop("probe_linear_variants", None)
+
+
+def test_with_variant_routes_only_4bit_launches(monkeypatch):
+    """bench/probes/with_variant.py runs a whole command (the bench, a draft
+    pass) with a 4-bit variant and tiling: 4-bit launches of one row tile take
+    both, every other launch the shipped text and tiling."""
+    import sys
+    from pathlib import Path
+
+    from mlx_dflash.kernels import matmul
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "bench" / "probes"))
+    plv = __import__("probe_linear_variants")
+    wv = __import__("with_variant")
+    built, grids = [], []
+
+    def build(**kw):  # stands in for mx.fast.cuda_kernel (no GPU here)
+        built.append(kw["source"])
+
+        def run(**call):
+            grids.append(call["grid"][0])
+            return [mx.zeros(s, d) for s, d in zip(call["output_shapes"], call["output_dtypes"])]
+
+        return run
+
+    monkeypatch.setattr(plv, "_original", build)
+    monkeypatch.setattr(mx.fast, "cuda_kernel", build)
+    monkeypatch.setattr(matmul, "_kernel", matmul._kernel)  # install replaces these two
+    monkeypatch.setattr(matmul, "tiling", matmul.tiling)
+    k, n = 1024, 64
+    w4 = Packed(*mx.quantize(mx.zeros((n, k), mx.bfloat16), group_size=64, bits=4), 64, 4)
+    w8 = Packed(*mx.quantize(mx.zeros((n, k), mx.bfloat16), group_size=64, bits=8), 64, 8)
+    wd = mx.zeros((n, k), mx.bfloat16)
+    x = mx.zeros((16, k), mx.bfloat16)
+    try:
+        wv.install("late4", "32x4")
+        for w in (w4, w8, wd):
+            matmul._launch(x, [w])
+        late, eight, dense = built
+        assert "bw[0]" in late and "bw[0]" not in eight + dense
+        assert "__byte_perm" not in eight and "wv[p][j][0] = q[0]" in dense
+        # 4-bit: 64 / 32 column blocks of 4 warps; the others as matmul.py tiles them
+        auto8, autod = matmul.tiling(16, k, 8, (n,)), matmul.tiling(16, k, None, (n,))
+        assert auto8 != (32, 4) and autod != (32, 4)
+        assert grids == [2 * 32 * 4, n // auto8[0] * 32 * auto8[1], n // autod[0] * 32 * autod[1]]
+    finally:
+        plv.use_variant("base")
+        matmul._kernels.clear()
+        matmul._plan.cache_clear()
+        sys.modules.pop("probe_linear_variants", None)
+        sys.modules.pop("with_variant", None)
