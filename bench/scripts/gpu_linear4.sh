@@ -28,7 +28,8 @@ timeout 180 $ncu $probe --variants base,wide4p,late4 --tilings 16x8,16x16,32x4,3
 for f in $out/$gpu-ncu-linear4-*.csv; do python3 bench/probes/ncu_table.py $f; done
 
 # Wall time per call over 8 rotating weight sets (host queueing included), 3 rounds in turn, with
-# the stock quantized_matmul for scale: the figure a decode actually sees.
+# the stock quantized_matmul for scale: the figure a decode actually sees. TIMED=0 skips it.
+[ "${TIMED:-1}" = 0 ] && exit 0
 timeout 150 python3 bench/probes/probe_linear_variants.py --bits 4 --rows 16 --rounds 3 --stock \
   --variants base,shift4,wide4p,late4 --tilings auto,16x8,32x4 > $out/$gpu-linear4-timed.txt 2>&1
 tail -40 $out/$gpu-linear4-timed.txt
