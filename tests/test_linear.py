@@ -531,7 +531,7 @@ def test_wide_blocks_tile_wider_and_give_large_products_to_stock():
     """The tiling by rows (H200 sweep, bench/results/h200-probe-linear-rows-bits.jsonl):
     one row tile 16 columns (16 warps where K allows), two 32 x 4, more 32 x 8
     (16 columns where an output is not a multiple of 32; packed weights keep
-    16 x 8, 4-bit ones at one row tile 16 x 4); and above 32 rows a dense
+    16 x 8, 4-bit ones at one row tile by width); and above 32 rows a dense
     launch of more than STOCK_ELEMENTS weight elements is stock's (cuBLAS), a
     packed one still the kernel's."""
     assert tiling(16, 4096) == (16, 16) and tiling(16, 512) == (16, 8)
@@ -539,7 +539,12 @@ def test_wide_blocks_tile_wider_and_give_large_products_to_stock():
     assert tiling(64, 4096, None, (4096, 1024)) == (32, 8)
     assert tiling(64, 4096, None, (4096, 48)) == (16, 8)
     assert tiling(64, 4096, 4, (4096,)) == (16, 8) and tiling(17, 4096, 4) == (16, 8)
-    assert tiling(16, 4096, 4) == (16, 4) and tiling(16, 4096, 8) == (16, 8)
+    assert tiling(16, 4096, 8) == (16, 8)
+    # 4-bit, one row tile, by width (h100-ncu-linear4-tilings-s39.csv): q/k/v, o and down
+    # 8 warps, gate/up 4, the head 64 columns (16 where its rows do not divide by 64)
+    assert tiling(16, 4096, 4, (4096, 1024, 1024)) == (16, 8) == tiling(16, 12288, 4, (4096,))
+    assert tiling(16, 4096, 4, (12288, 12288)) == (16, 4)
+    assert tiling(16, 4096, 4, (151936,)) == (64, 4) and tiling(16, 4096, 4, (151920,)) == (16, 4)
     qkv = [mx.zeros((n, 4096)) for n in (4096, 1024, 1024)]
     gate_up = [mx.zeros((12288, 4096))] * 2
     assert rows_fit(64, *qkv) and rows_fit(32, *gate_up) and not rows_fit(33, *gate_up)

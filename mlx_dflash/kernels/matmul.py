@@ -410,17 +410,36 @@ def tiling(rows: int, k: int, bits: Optional[int] = None, ns=()):
     bench/results/h200-probe-linear-rows-bits.jsonl).
     Packed weights (their dequantization) take 16 columns and 8 warps: they
     need more registers than each of 512 threads may hold ("too many
-    resources requested for launch"); 4-bit ones at one row tile 4 warps
-    (Qwen3-8B shapes, 16 rows: a layer's launches 194 -> 166 us, the lm_head
-    315 -> 300 us, timed after 16 x 8 in one run, where order alone has moved
-    a kernel 4-20%; bench/results/h200-probe-linear-packed-tilings.jsonl)."""
+    resources requested for launch"). 4-bit ones at one row tile by the
+    launch's width (`_packed4_one_tile`)."""
     if bits:
-        return (COLS, 4) if bits == 4 and rows <= 16 else (COLS, WARPS)
+        return _packed4_one_tile(ns) if bits == 4 and rows <= 16 else (COLS, WARPS)
     if rows <= 16:
         return COLS, 16 if k % (16 * K_CHUNK) == 0 else WARPS
     if any(n % (2 * COLS) for n in ns):
         return COLS, WARPS
     return 2 * COLS, 4 if rows <= WIDE_ROWS else WARPS
+
+
+# 4-bit launches of one row tile, by GPU time per launch (Nsight Compute, one
+# H100, Qwen3-8B shapes, 16 rows, us at 16 x 4 / 16 x 8 / 64 x 4: q/k/v 18.7 /
+# 17.2 / 48.6, o 18.5 / 12.5 / 21.9, down 50.5 / 29.5 / 56.2, gate/up 44.4 /
+# 64.6 / 54.3, lm_head 245.7 / 264.5 / 206.8;
+# bench/results/h100-ncu-linear4-tilings-s39.csv): narrow launches (a few
+# hundred blocks of 16 columns) are latency-bound at 12% active warps with 4
+# warps a block and take 8; gate/up's 768 blocks (two panels each) keep 4;
+# the head's ~9,500 take 64 columns, each x fragment feeding 4 times the
+# weights. A layer's launches 132 -> 104 us, the head 246 -> 207 us.
+PACKED4_WIDE = 16384  # output columns from which 4 warps a block keep it busy
+PACKED4_HEAD = 65536  # ... and from which 64-column blocks pay
+
+
+def _packed4_one_tile(ns):
+    """(columns, warps) for a 4-bit launch of <= 16 rows with outputs `ns`."""
+    width = sum(ns)
+    if width >= PACKED4_HEAD and not any(n % (4 * COLS) for n in ns):
+        return 4 * COLS, 4
+    return (COLS, 4) if width >= PACKED4_WIDE else (COLS, WARPS)
 
 
 def _kind(w: Weight):
