@@ -13,17 +13,20 @@
 #     bash bench/scripts/gpu_quant.sh 8b
 set -u
 out=${OUT:-bench/results}
+# Files are named by the card that ran them (h100, h200; h200 where nvidia-smi is absent).
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -o 'H[0-9][0-9]*' | head -1 | tr H h)
+gpu=${gpu:-h200}
 reps=${REPEATS:-3}  # SECONDS_EACH: the 8b / 9b runs' timeout
 b="${VIA:-python3} -m mlx_dflash.bench --draft engine --block-size 16 --dtype bfloat16 --peaked --cooldown 0.5 --tau 6.5 --max-tokens 256 --no-png --suites code --prompts-per-suite 1 --repeats $reps --quantize 4 --group-size 64 --draft-quantize none,4"
 for what in "$@"; do
   case $what in
-  8b) timeout ${SECONDS_EACH:-200} $b --shape qwen3-8b --out $out/h200-q4-qwen3-8b-drafts${TAG:-} ;;
-  9b) timeout ${SECONDS_EACH:-220} $b --shape qwen3.5-9b --out $out/h200-q4-qwen3_5-9b-drafts${TAG:-} ;;
+  8b) timeout ${SECONDS_EACH:-200} $b --shape qwen3-8b --out $out/$gpu-q4-qwen3-8b-drafts${TAG:-} ;;
+  9b) timeout ${SECONDS_EACH:-220} $b --shape qwen3.5-9b --out $out/$gpu-q4-qwen3_5-9b-drafts${TAG:-} ;;
   zlab)
     d=mlx_dflash/default_draft
     timeout 150 python3 -m mlx_dflash.bench --model "${GGUF:?GGUF=path}" --draft $d,zlab:$d \
       --suites code,copy_edit --prompts-per-suite 1 --max-tokens 128 --repeats 3 --cooldown 0.5 \
-      --no-png --out $out/h200-default-pair-zlab
+      --no-png --out $out/$gpu-default-pair-zlab
     ;;
   cuda)
     # With pytest-xdist on the device 8 workers compile the kernels side by side: 156 s instead
@@ -32,7 +35,7 @@ for what in "$@"; do
     set -o pipefail
     par=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
     timeout "${CUDA_SECONDS:-420}" python3 -m pytest $par -q -rfE -m cuda -p no:cacheprovider tests 2>&1 \
-      | tee $out/h200-cuda-tests.log
+      | tee $out/$gpu-cuda-tests.log
     ;;
   esac
 done
