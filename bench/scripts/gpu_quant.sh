@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Quantized targets on the H200 (issue #25): what produced bench/results/h200-q4-*. One H200,
+# Quantized targets on the H200 (issue #25): what produced bench/results/h200-q4-* and h100-q4-*. One H200,
 # MLX CUDA 0.32.4, mlx-lm 0.32.2, after staging MLX CUDA (shared/device/mlx-cuda/stage.sh, both
 # halves), from the repo root:   export PYTHONUNBUFFERED=1 PYTHONPATH=/root/site:$PWD
 #   bash bench/scripts/gpu_quant.sh 8b    Qwen3-8B shape, 4-bit g64 target: bf16 and 4-bit drafts, one run
