@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Issue #25: which 4-bit block-linear kernel issues fewest instructions *and* runs fastest at 16
 # rows (a draft or verify block), by GPU time per launch from Nsight Compute, one launch each, no
-# host queueing and no order effect. Prepared in the thirty-eighth session, not yet run: its SASS
-# counts on the CPU are bench/results/cpu-nvcc-sass-s38.jsonl (wide4p at 32 x 4: a third fewer
-# instructions per mma than the shipped kernel). One call on a machine staged with MLX CUDA
-# (shared/device/mlx-cuda/stage.sh), from the repo root, ~4 minutes:
+# host queueing and no order effect. Its SASS counts on the CPU are
+# bench/results/cpu-nvcc-sass-s38.jsonl; its first run (thirty-ninth session, one H100, before
+# matmul.py tiled 4-bit launches by width, so `auto` there meant 16 x 4) is
+# bench/results/h100-ncu-linear4-{variants,tilings}-s39.csv. One call on a machine staged with MLX
+# CUDA (shared/device/mlx-cuda/stage.sh), from the repo root, ~3 minutes (TIMED=0):
 #   export PYTHONPATH=/root/site:$PWD; OUT=$OUT bash bench/scripts/gpu_linear4.sh
 # bench/probes/ncu_table.py prints each CSV (variant, tiling, layer part, GPU time, DRAM / L2 / L1
 # bytes, instructions, issue activity, registers, active warps).
