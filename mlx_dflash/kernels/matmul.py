@@ -245,9 +245,12 @@ _PACKED_LOAD = """const size_t gi = wrow * (K / GS) + kk / GS;
 # word and of the word shifted by 4 in the pair's two halves, one LOP3 masks
 # both nibbles and sets MAGIC's exponent: 4 instructions a pair against 6 with
 # shifts and masks (nvcc sm_90: the 16 x 4 K loop 831 -> 674 instructions).
-# Its speed against the shift decode is unmeasured: the probe run read as
-# 5-20% faster timed the shift decode twice (bench/results/README.md,
-# thirty-seventh session).
+# Against the shift decode (Nsight Compute, one H100, 16 x 4, 16 rows): faster
+# where a launch is issue-bound (q/k/v 18.7 vs 19.4 us, gate/up 44.4 vs 49.5),
+# slower where it is latency-bound (o 18.5 vs 14.8, down 50.5 vs 39.4) and on
+# the head (245.7 vs 234.5); bench/results/h100-ncu-linear4-variants-s39.csv.
+# At the tilings `_packed4_one_tile` now gives o and down, the shift decode
+# is untimed.
 _PACKED4_LOAD = """const size_t gi = wrow * (K / GS) + kk / GS;
         PAIR s2, z2;
         s2.x = s2.y = ws[p][gi];
