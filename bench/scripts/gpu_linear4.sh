@@ -19,8 +19,9 @@ ncu="ncu --clock-control none --csv -k regex:dflash_block_linear --metrics $m"
 probe="python3 bench/probes/probe_linear_variants.py --bits 4 --rows 16 --reps 0"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '-' | tr 'A-Z' 'a-z')
 
-# The decodes and fetches at the shipped tiling (16 columns x 4 warps).
-timeout 120 $ncu $probe --variants base,shift4,wide4p,late4 --tilings auto \
+# The decodes and fetches at matmul.py's tilings (auto) and at 16 x 8, which the width rule gives
+# q/k/v, o and down (where the shift decode ran faster than the byte permute at 16 x 4 in s39).
+timeout 180 $ncu $probe --variants base,shift4,wide4p,late4 --tilings auto,16x8 \
   > $out/$gpu-ncu-linear4-variants.csv 2>&1
 # Wider column tiles (each x fragment feeding more weight bytes) and more warps splitting K (o
 # and down run at 12-17% active warps at 16 x 4: latency-bound, so more warps may pay there).
