@@ -245,14 +245,20 @@ def use_variant(name):
     # (so from 79244f7 to the thirty-seventh session, variants compared in one
     # run timed one kernel: bench/results/README.md, "Thirty-seventh session").
     linear._plan.cache_clear()
-    linear._SOURCE, linear._PACKED4_LOAD = (
-        wide_fetch(WIDE[name]) if name in WIDE
-        else wide_fetch(WIDE_PRMT[name], _WIDE_PRMT_LOAD) if name in WIDE_PRMT
-        else late_decode() if name == "late4"
-        else _SHIPPED
-    )
+    linear._SOURCE, linear._PACKED4_LOAD = variant_text(name)
+
+
+def variant_text(name):
+    """(kernel source, 4-bit weight load) that variant `name` compiles."""
+    if name in WIDE:
+        return wide_fetch(WIDE[name])
+    if name in WIDE_PRMT:
+        return wide_fetch(WIDE_PRMT[name], _WIDE_PRMT_LOAD)
+    if name == "late4":
+        return late_decode()
     if name == "shift4":
-        linear._PACKED4_LOAD = _SHIFT4_LOAD
+        return _SHIPPED[0], _SHIFT4_LOAD
+    return _SHIPPED
 
 
 def parse(tiling):

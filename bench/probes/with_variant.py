@@ -26,35 +26,23 @@ _BUILD, _TILING = matmul._kernel, matmul.tiling  # the shipped ones
 def install(variant: str, tiling: str) -> None:
     """Route matmul.py's 4-bit kernel builds through `variant`'s text and
     its one-tile launches through `tiling` ('auto': matmul.py's)."""
-    plv.use_variant(variant)
-    text = matmul._SOURCE, matmul._PACKED4_LOAD
-    matmul._SOURCE, matmul._PACKED4_LOAD = plv._SHIPPED
-    build = _BUILD
+    plv.use_variant(variant)  # tags kernel names, clears matmul's caches
+    text = plv.variant_text(variant)
 
     def kernel(dtype, groups, bias, swiglu, eps, residual, packed):
-        if packed != 4:
-            return build(dtype, groups, bias, swiglu, eps, residual, packed)
-        shipped = matmul._SOURCE, matmul._PACKED4_LOAD
-        matmul._SOURCE, matmul._PACKED4_LOAD = text
-        try:
-            return build(dtype, groups, bias, swiglu, eps, residual, packed)
-        finally:
-            matmul._SOURCE, matmul._PACKED4_LOAD = shipped
+        # every build goes through here, so each sets the text it compiles
+        matmul._SOURCE, matmul._PACKED4_LOAD = text if packed == 4 else plv._SHIPPED
+        return _BUILD(dtype, groups, bias, swiglu, eps, residual, packed)
+
+    cols, warps = plv.parse(tiling)
+
+    def tiling_for(rows, k, bits=None, ns=()):
+        if bits == 4 and rows <= 16:
+            return cols, warps
+        return _TILING(rows, k, bits, ns)
 
     matmul._kernel = kernel
-    cols, warps = plv.parse(tiling)
-    if cols is not None:
-        auto = _TILING
-
-        def tiling_for(rows, k, bits=None, ns=()):
-            if bits == 4 and rows <= 16:
-                return cols, warps
-            return auto(rows, k, bits, ns)
-
-        matmul.tiling = tiling_for
-    else:
-        matmul.tiling = _TILING
-    matmul._plan.cache_clear()
+    matmul.tiling = _TILING if cols is None else tiling_for
 
 
 def main():

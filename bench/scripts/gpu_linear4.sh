@@ -17,7 +17,7 @@ m=$m,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pc
 m=$m,launch__registers_per_thread
 ncu="ncu --clock-control none --csv -k regex:dflash_block_linear --metrics $m"
 probe="python3 bench/probes/probe_linear_variants.py --bits 4 --rows 16 --reps 0"
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '-' | tr 'A-Z' 'a-z')
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -o 'H[0-9][0-9]*' | head -1 | tr H h)  # as gpu_quant.sh
 
 # The decodes and fetches at matmul.py's tilings (auto) and at 16 x 8, which the width rule gives
 # q/k/v, o and down (where the shift decode ran faster than the byte permute at 16 x 4 in s39).
