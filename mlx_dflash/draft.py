@@ -22,6 +22,7 @@ from mlx_lm.models.rope_utils import initialize_rope
 
 from .cache import BucketKVCache
 from .kernels.attention import block_attention
+from .starts import start_eval
 
 # The verify block of z-lab's drafters and ours; a config without one has it,
 # and so does a drafter without a preference (`load.block_size_for`).
@@ -345,12 +346,19 @@ class DFlashDraft(nn.Module):
         for layer, c in zip(self.layers, cache):
             layer.self_attn.append_context(ctx, c)
 
-    def __call__(self, block_embeds: mx.array, cache: List[KVCache]) -> mx.array:
+    def __call__(
+        self, block_embeds: mx.array, cache: List[KVCache], flush_every: int = 0
+    ) -> mx.array:
         """Normed hidden states of the block; positions start at the cache
-        offset (inside a block path's `Fitting`, through its kernels)."""
+        offset (inside a block path's `Fitting`, through its kernels). With
+        `flush_every` n > 0, every n-th layer's output (but the last) starts
+        evaluating while Python builds the layers after it."""
         h = block_embeds.astype(self.dtype)
-        for layer, c in zip(self.layers, cache):
+        last = len(self.layers) - 1
+        for i, (layer, c) in enumerate(zip(self.layers, cache)):
             h = layer(h, c)
+            if flush_every and i < last and (i + 1) % flush_every == 0:
+                start_eval([h])
         return self.norm(h)
 
 

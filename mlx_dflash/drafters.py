@@ -75,6 +75,8 @@ class DFlashDrafter:
         self.cache = draft.make_cache()
         # The draft's blocks take the target's block path (kernels/).
         self.fitting = target.path.fit_draft(draft)
+        # Start every n-th layer of a draft pass while the rest is built (0: off).
+        self.flush_every = target.path.draft_flush_every
         # (anchor, n, logits) that `prefetch` drafted for the next proposal.
         self.ready = None
         # (n, [(keys, values) per layer]) that `precommit` made for the next commit.
@@ -138,7 +140,7 @@ class DFlashDrafter:
             return ready[2]
         block = mx.array([[anchor] + [self.mask_token_id] * n])
         with self.fitting:
-            h = self.draft(self.target.embed(block), self.cache)
+            h = self.draft(self.target.embed(block), self.cache, self.flush_every)
         return self.head(h[0, 1:])
 
     def head(self, h: mx.array) -> mx.array:
@@ -203,7 +205,7 @@ def prefetch(
             for i in range(len(first.cache))
         ]
         with first.fitting:
-            h = first.draft(first.target.embed(block), caches)
+            h = first.draft(first.target.embed(block), caches, first.flush_every)
         logits = first.head(h[:, 1:])
         for g, (b, d, n) in enumerate(rows):
             d.ready = (anchors[b], n, logits[g, :n])

@@ -253,6 +253,11 @@ class Target:
         forwards and for drafters made after this call."""
         self._refit(attention=on)
 
+    def set_draft_flush(self, every: Optional[int]):
+        """Start every n-th layer of a DFlash draft pass while the rest is
+        built (0: off; None: the default) for drafters made after this call."""
+        self._refit(draft_flush_every=every)
+
     def _refit(self, **switches):
         self.path = self.path.but(**switches)
         self.fitting = self.path.fit(self)

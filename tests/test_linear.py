@@ -200,7 +200,7 @@ class OpsKernels(CudaKernels):
     the launches. CPU's defaults otherwise (no fold, flush or buckets)."""
 
     fold_from = math.inf
-    flush_every = 0
+    flush_every = draft_flush_every = 0
     bucket = False
 
     def __init__(self):

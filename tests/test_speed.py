@@ -31,6 +31,39 @@ def test_flushed_forward_is_the_same_forward(family):
         assert np.array_equal(features, runs[0][1])
 
 
+def test_flushed_draft_pass_is_the_same_pass():
+    """Starting a draft pass's layers while building the rest (what CUDA's
+    `draft_flush_every` does) changes neither the drafts, their logits nor
+    the draft's context cache."""
+    from helpers import random_dflash
+
+    runs = []
+    for flush_every in (0, 1, 2):
+        target = Target(tiny_model("llama"), capture_layers=[0, 1])
+        target.set_draft_flush(flush_every)
+        drafter = random_dflash(target, layers=3)
+        assert drafter.flush_every == flush_every
+        cache = target.make_cache()
+        _, features = target.forward(PROMPT, cache)
+        drafter.commit(PROMPT[0].tolist(), features)
+        logits = drafter._logits(5, 4)
+        runs.append((np.array(logits), [np.array(c.state[0]) for c in drafter.cache]))
+    for logits, keys in runs[1:]:
+        assert np.array_equal(logits, runs[0][0])
+        assert all(np.array_equal(k, r) for k, r in zip(keys, runs[0][1]))
+
+
+def test_cuda_path_flushes_draft_passes_cpu_does_not():
+    from mlx_dflash.kernels.cuda import CudaKernels
+    from mlx_dflash.kernels.path import BlockPath
+
+    assert BlockPath.choose(None).draft_flush_every == 0
+    cuda = BlockPath.choose(CudaKernels())
+    assert cuda.draft_flush_every == CudaKernels.draft_flush_every > 0
+    assert cuda.but(draft_flush_every=0).draft_flush_every == 0
+    assert cuda.but(linear=False).draft_flush_every == cuda.draft_flush_every
+
+
 def test_flush_taps_are_plain_pass_through_outside_forward():
     model = tiny_model("llama")
     ref = np.array(model(PROMPT))
@@ -76,3 +109,28 @@ def test_bucket_cache_prefill_chunks_take_the_causal_path():
         logits[bucket] = np.concatenate([np.array(first), np.array(rest)], axis=1)
     assert isinstance(cache[0], KVCache) and cache[0].keys.shape[2] == 256
     assert np.abs(logits[True] - logits[False]).max() < 1e-5
+
+
+def test_with_variant_sets_the_draft_flush(tmp_path, monkeypatch, capsys):
+    """bench/probes/with_variant.py --draft-flush N runs a command with CUDA's
+    draft flush set to N (how h100-q4-qwen3-8b-drafts-s40-noflush ran)."""
+    import sys
+    from pathlib import Path
+
+    from mlx_dflash.kernels.cuda import CudaKernels
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "bench" / "probes"))
+    monkeypatch.setattr(CudaKernels, "draft_flush_every", CudaKernels.draft_flush_every)
+    script = tmp_path / "show.py"
+    script.write_text(
+        "from mlx_dflash.kernels.cuda import CudaKernels\n"
+        "from mlx_dflash.kernels.path import BlockPath\n"
+        "print('flush', BlockPath.choose(CudaKernels()).draft_flush_every)\n"
+    )
+    monkeypatch.setattr(sys, "argv", ["with_variant.py", "--draft-flush", "0", "--", str(script)])
+    try:
+        __import__("with_variant").main()
+    finally:
+        sys.modules.pop("with_variant", None)
+        sys.modules.pop("probe_linear_variants", None)
+    assert "flush 0" in capsys.readouterr().out

@@ -21,6 +21,12 @@ class CudaKernels:
     # `Target.forward(flush=True)` starts every 4th layer's output: building
     # and launching a verify graph costs about as long as running it.
     flush_every = 4
+    # A draft pass starts every layer's output as it is built: the build is a
+    # third of the pass, and the device waited for all of it (Qwen3-8B draft
+    # on one H100, a commit and a pass 3.00 -> 2.36 ms bf16, 3.12 -> 2.72 ms
+    # 4-bit; every 2nd layer 2.53 / 2.73: bench/results/README.md, "Fortieth
+    # session").
+    draft_flush_every = 1
     # `BucketKVCache`: attention compiles per key length on MLX CUDA.
     bucket = True
 

@@ -3,8 +3,9 @@
 `BlockPath.choose()` is made once (a `Target` makes it, or takes one as
 `block_path=`): the backend (cuda.py's `CudaKernels` where MLX CUDA is
 available, else None: the plain path) and the switches `linear` (matmul.py's
-products), `attention` (flash.py's) and `fold_from` (attention.py's plain-ops
-attention from that many keys). `fit(target)` and `fit_draft(draft)` build
+products), `attention` (flash.py's), `fold_from` (attention.py's plain-ops
+attention from that many keys) and `draft_flush_every` (a DFlash draft pass
+starts every n-th layer's output while the rest is built; 0: off). `fit(target)` and `fit_draft(draft)` build
 the wrappers once, on the instances they mirror; a `Fitting` puts them where
 the stock modules sit for the duration of `with fitting:` (one forward), and
 takes them off again, so that outside it the model is stock. With no backend
@@ -43,6 +44,7 @@ class BlockPath:
     linear: bool
     attention: bool
     fold_from: float
+    draft_flush_every: int = 0
 
     @classmethod
     def choose(
@@ -52,12 +54,14 @@ class BlockPath:
         linear: Optional[bool] = None,
         attention: Optional[bool] = None,
         fold_from: Optional[float] = None,
+        draft_flush_every: Optional[int] = None,
     ) -> "BlockPath":
         """The path for `backend` ("auto": CUDA's kernels where MLX CUDA is
         available, none elsewhere; None: none; or a backend object). Each
         switch left None takes the default: on with a backend (the kernels
-        exist only there), and the fold from the backend's `fold_from` keys
-        (never without one). A switch asked on without a backend is off."""
+        exist only there), the fold from the backend's `fold_from` keys
+        (never without one), the draft flush the backend's (off without
+        one). A kernel switch asked on without a backend is off."""
         if isinstance(backend, str):
             if backend != AUTO:
                 raise ValueError(f"backend {backend!r}: 'auto', None or a backend")
@@ -67,17 +71,21 @@ class BlockPath:
         on = backend is not None
         if fold_from is None:
             fold_from = backend.fold_from if on else math.inf
+        if draft_flush_every is None:
+            draft_flush_every = backend.draft_flush_every if on else 0
         return cls(
             backend,
             on and (linear is None or bool(linear)),
             on and (attention is None or bool(attention)),
             fold_from,
+            max(0, int(draft_flush_every)),
         )
 
     def but(self, **switches) -> "BlockPath":
         """This path's backend with some switches changed (None: the default)."""
         now = dict(linear=self.linear, attention=self.attention)
         now["fold_from"] = self.fold_from
+        now["draft_flush_every"] = self.draft_flush_every
         return BlockPath.choose(self.ops, **{**now, **switches})
 
     @property
