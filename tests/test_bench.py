@@ -486,6 +486,34 @@ def test_cli_draft_quantize_list_runs_an_arm_per_choice(tmp_path):
         cli.main(["--draft-quantize", "3", "--draft", "lookup"])
 
 
+def test_cli_draft_flush_list_runs_an_arm_per_choice(tmp_path, monkeypatch):
+    """`--draft-flush 0,1`: the engine arm once per choice in the same run,
+    each drafter made with its choice, both the target's own output; and a
+    choice that is not a layer count is a one-line error."""
+    from mlx_dflash.drafters import DFlashDrafter
+
+    made = []
+    init = DFlashDrafter.__init__
+
+    def spy(self, *a, **kw):
+        init(self, *a, **kw)
+        made.append(self.flush_every)
+
+    monkeypatch.setattr(DFlashDrafter, "__init__", spy)
+    cli.main(
+        "--shape tiny-qwen3 --peaked --dtype float32 --draft engine --draft-flush 0,1 "
+        "--tau 3 --suites code --prompts-per-suite 1 --max-tokens 12 --repeats 1 "
+        f"--cooldown 0 --block-size 4 --no-profile --no-png --out {tmp_path / 'f'}".split()
+    )
+    arms = json.loads((tmp_path / "f.json").read_text())["cases"][0]["arms"]
+    assert list(arms) == ["engine τ=3 draft flush=0", "engine τ=3 draft flush=1"]
+    for arm in arms.values():
+        assert arm["token_match"]["equal_pct"] == 100.0
+    assert {0, 1} <= set(made)
+    with pytest.raises(SystemExit):
+        cli.main(["--draft-flush", "x,1", "--shape", "tiny-qwen3", "--draft", "engine"])
+
+
 def test_cli_quantize_needs_a_shape(capsys):
     with pytest.raises(SystemExit):
         cli.main(["--quantize", "4", "--draft", "lookup"])

@@ -8,6 +8,8 @@
 #                                         the default pair: ours beside z-lab's reference loop
 #                                         (pip install --no-deps dflash==0.1.0 first)
 #   bash bench/scripts/gpu_quant.sh cuda  the whole GPU suite (pytest -m cuda), log in $OUT
+# EXTRA adds bench flags to the 8b / 9b runs, e.g. EXTRA="--draft-flush 0,1" TAG=-flush (draft
+# passes flushed and not, alternating within each case).
 # VIA runs the 8b / 9b benches through a 4-bit kernel variant not yet in matmul.py, TAG names it:
 #   VIA="python3 bench/probes/with_variant.py --variant late4 --tiling 32x4 --" TAG=-late4-32x4 \
 #     bash bench/scripts/gpu_quant.sh 8b
@@ -17,7 +19,7 @@ out=${OUT:-bench/results}
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -o 'H[0-9][0-9]*' | head -1 | tr H h)
 gpu=${gpu:-h200}
 reps=${REPEATS:-3}  # SECONDS_EACH: the 8b / 9b runs' timeout
-b="${VIA:-python3} -m mlx_dflash.bench --draft engine --block-size 16 --dtype bfloat16 --peaked --cooldown 0.5 --tau 6.5 --max-tokens 256 --no-png --suites code --prompts-per-suite 1 --repeats $reps --quantize 4 --group-size 64 --draft-quantize none,4"
+b="${VIA:-python3} -m mlx_dflash.bench --draft engine --block-size 16 --dtype bfloat16 --peaked --cooldown 0.5 --tau 6.5 --max-tokens 256 --no-png --suites code --prompts-per-suite 1 --repeats $reps --quantize 4 --group-size 64 --draft-quantize none,4 ${EXTRA:-}"
 for what in "$@"; do
   case $what in
   8b) timeout ${SECONDS_EACH:-200} $b --shape qwen3-8b --out $out/$gpu-q4-qwen3-8b-drafts${TAG:-} ;;

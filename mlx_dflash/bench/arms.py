@@ -4,7 +4,7 @@
 load for `generate`) and a maker of matching random DFlash drafts; `make_arms`
 one `Arm` per `--draft` entry (lookup, engine at each `--tau`, a checkpoint,
 z-lab's reference loop on a checkpoint: zlab.py), each `--block-linear` /
-`--attention-kernel` choice an arm of its own.
+`--attention-kernel` / `--draft-flush` choice an arm of its own.
 """
 
 from dataclasses import replace
@@ -59,6 +59,14 @@ def _on(choice: str, flag: str = "--block-linear"):
     if choice not in ("auto", "on", "off"):
         raise SystemExit(f"{flag}: {choice!r} is not auto, on or off")
     return None if choice == "auto" else choice == "on"
+
+
+def _every(choice: str, flag: str = "--draft-flush"):
+    if choice == "auto":
+        return None
+    if not choice.isdigit():
+        raise SystemExit(f"{flag}: {choice!r} is not auto or a layer count")
+    return int(choice)
 
 
 def _kernels(args) -> dict:
@@ -129,6 +137,8 @@ def stock_model(args):
 
 
 def make_arms(args, target, vocab, make_draft):
+    if _every(args.draft_flush[0]) is not None:
+        target.set_draft_flush(_every(args.draft_flush[0]))
     arms = []
     block = block_size_for(args.block_size, None)  # lookup and engine arms
     for spec in args.draft:
@@ -162,21 +172,23 @@ def make_arms(args, target, vocab, make_draft):
     # A comma list of choices: every arm once per choice, the switch set in
     # `Arm.setup` before each run (so the choices alternate within a case);
     # z-lab's arms run once (our Target's switches do not reach its copy).
-    for flag, name, choices, switch in [
-        ("--block-linear", "linear", args.block_linear, target.set_block_linear),
+    for flag, name, choices, switch, parse in [
+        ("--block-linear", "linear", args.block_linear, target.set_block_linear, _on),
         (
             "--attention-kernel",
             "attention",
             args.attention_kernel,
             target.set_attention_kernel,
+            _on,
         ),
+        ("--draft-flush", "draft flush", args.draft_flush, target.set_draft_flush, _every),
     ]:
         if len(choices) > 1:
             arms = [
                 replace(
                     arm,
                     name=f"{arm.name} {name}={choice}",
-                    setup=_then(arm.setup, switch, _on(choice, flag)),
+                    setup=_then(arm.setup, switch, parse(choice, flag)),
                 )
                 if arm.run is None
                 else arm

@@ -191,6 +191,14 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--block-linear does",
     )
     p.add_argument(
+        "--draft-flush",
+        type=_names,
+        default=["auto"],
+        help="a DFlash draft pass starts every N-th layer's output while the rest is "
+        "built: auto (every layer on CUDA, off elsewhere) or N (0: off); a comma list "
+        "runs every arm once per choice, as --block-linear does",
+    )
+    p.add_argument(
         "--no-profile", action="store_true", help="skip the per-part cycle profile"
     )
     p.add_argument(
