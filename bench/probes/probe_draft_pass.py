@@ -14,7 +14,12 @@ returning), the wait for its evaluation after that (`eval_ms`), and the two
 together (`pass_ms`); medians over --reps passes; and the commit of
 --commit-rows accepted tokens' features after it (`commit_ms`: the context
 K/V through the draft's k/v projections, evaluated, then trimmed off again),
-which the bench's draft time leaves out. One JSON line per draft.
+which the bench's draft time leaves out; and both as a decode runs them
+after reading a verify (`commit_pass_ms`: the commit started, the pass built
+on it, one wait). With --flush 0,1, each draft with its pass's layers started
+while the rest is built (`flush_every`) and without, in turn. One JSON line
+per draft and flush; with
+--profile N, each draft's host time over N graph builds by function.
 Then the block's embedding alone (evaluated each time) with int32 and uint32
 token ids: Nsight Compute timed the draft's int32-indexed gather at 192 us
 against 4 us for the verify's uint32 one of the same size
@@ -58,6 +63,10 @@ def main():
     p.add_argument("--reps", type=int, default=60)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--commit-rows", type=int, default=7)
+    p.add_argument("--flush", default="0",
+                   help="draft flush_every values to time in turn (0: off; CUDA's default is 1)")
+    p.add_argument("--profile", type=int, default=0,
+                   help="then cProfile this many graph builds of each draft (host time by function)")
     a = p.parse_args()
     from mlx_dflash.bench.shapes import build_target
     from mlx_dflash.target import Target
@@ -82,28 +91,60 @@ def main():
         mx.eval([c.state for c in d.cache])
         t3 = time.perf_counter()
         d.trim(a.commit_rows)
-        return (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3
+        # As a decode runs them after reading a verify: the commit started,
+        # the pass built on it, one wait for both.
+        t4 = time.perf_counter()
+        d.commit(list(range(a.commit_rows)), rows)
+        mx.eval(d._logits(5, 15))
+        t5 = time.perf_counter()
+        d.trim(a.commit_rows)
+        return (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, (t5 - t4) * 1e3
 
     for d in drafters.values():  # compiles every kernel
         for _ in range(5):
             one(d)
-    times = {b: [] for b in drafters}
+    flushes = [int(f) for f in a.flush.split(",")]
+    times = {(b, f): [] for b in drafters for f in flushes}
     for _ in range(a.rounds):
-        for bits, d in drafters.items():
-            times[bits] += [one(d) for _ in range(a.reps)]
-    for bits, ts in times.items():
+        for bits, flush in times:
+            d = drafters[bits]
+            d.flush_every = flush
+            times[bits, flush] += [one(d) for _ in range(a.reps)]
+    for (bits, flush), ts in times.items():
         med = lambda xs: round(statistics.median(xs), 3)
         print(json.dumps(dict(
             shape=a.shape, target_bits=a.quantize or 16, draft_bits=bits or 16,
-            context=a.context, passes=len(ts), build_ms=med([t[0] for t in ts]),
-            eval_ms=med([t[1] for t in ts]), pass_ms=med([t[0] + t[1] for t in ts]),
-            commit_rows=a.commit_rows, commit_ms=med([t[2] for t in ts]),
+            flush_every=flush, context=a.context, passes=len(ts),
+            build_ms=med([t[0] for t in ts]), eval_ms=med([t[1] for t in ts]),
+            pass_ms=med([t[0] + t[1] for t in ts]), commit_rows=a.commit_rows,
+            commit_ms=med([t[2] for t in ts]), commit_pass_ms=med([t[3] for t in ts]),
         )), flush=True)
+    for bits, d in drafters.items() if a.profile else ():
+        build_profile(d, bits, a.profile)
     print(json.dumps(dict(
         shape=a.shape, embed_ms={
             str(t): embed_ms(target, getattr(mx, t), a.reps) for t in ("int32", "uint32")
         },
     )), flush=True)
+
+
+def build_profile(d, bits, n):
+    """The host time of `n` graph builds of draft `d`'s pass (nothing
+    evaluated), by function: the 4-bit draft's builds took 0.13 ms longer
+    than bf16's on one H100 (h100-probe-draft-commit6-s40.jsonl)."""
+    import cProfile
+    import io
+    import pstats
+
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(n):
+        d._logits(5, 15)
+    pr.disable()
+    out = io.StringIO()
+    pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(14)
+    print(f"--- draft bits {bits or 16}: {n} builds", flush=True)
+    print(out.getvalue().split("ncalls", 1)[-1], flush=True)
 
 
 def embed_ms(target, dtype, reps):

@@ -7,6 +7,7 @@ matmul.py. Dense and 8-bit launches keep the shipped text and tiling.
     python bench/probes/with_variant.py --variant late4 --tiling 32x4 -- \
         -m mlx_dflash.bench --shape qwen3-8b --quantize 4 ...
     python bench/probes/with_variant.py --variant late4 -- bench/probes/probe_draft_pass.py qwen3-8b
+    python bench/probes/with_variant.py --draft-flush 0 -- -m mlx_dflash.bench ...  # flush off
 
 `--tiling` applies to 4-bit launches of one row tile (<= 16 rows), where the
 variants' text was written for (probe_linear_variants.FOUR_BIT_ONE_TILE);
@@ -47,7 +48,8 @@ def install(variant: str, tiling: str) -> None:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--variant", required=True, choices=sorted(plv.VARIANTS))
+    p.add_argument("--variant", choices=sorted(plv.VARIANTS), help="default: the shipped kernel")
+    p.add_argument("--draft-flush", type=int, help="CudaKernels.draft_flush_every instead of its default")
     p.add_argument("--tiling", default="auto", help="COLSxWARPS for 4-bit blocks of <= 16 rows")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="-- -m MODULE ARGS... | -- SCRIPT ARGS...")
     a = p.parse_args()
@@ -55,8 +57,14 @@ def main():
     module = rest[:1] == ["-m"]
     if len(rest) < 1 + module:
         p.error("after --, give -m MODULE or a script, and its arguments")
-    install(a.variant, a.tiling)
-    print(f"with_variant: 4-bit kernel {a.variant}, one-tile tiling {a.tiling}", flush=True)
+    if a.variant:
+        install(a.variant, a.tiling)
+        print(f"with_variant: 4-bit kernel {a.variant}, one-tile tiling {a.tiling}", flush=True)
+    if a.draft_flush is not None:
+        from mlx_dflash.kernels.cuda import CudaKernels
+
+        CudaKernels.draft_flush_every = a.draft_flush
+        print(f"with_variant: draft passes flushed every {a.draft_flush} layers", flush=True)
     if module:
         sys.argv = [rest[1], *rest[2:]]
         runpy.run_module(rest[1], run_name="__main__", alter_sys=True)
