@@ -134,3 +134,33 @@ def test_with_variant_sets_the_draft_flush(tmp_path, monkeypatch, capsys):
         sys.modules.pop("with_variant", None)
         sys.modules.pop("probe_linear_variants", None)
     assert "flush 0" in capsys.readouterr().out
+
+
+def test_with_variant_names_itself_in_the_bench_results(tmp_path, monkeypatch):
+    """A bench run through with_variant.py records the wrapper's command, so
+    its results say what produced them."""
+    import sys
+    from pathlib import Path
+
+    from mlx_dflash.bench import cli
+    from mlx_dflash.kernels.cuda import CudaKernels
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "bench" / "probes"))
+    monkeypatch.setattr(CudaKernels, "draft_flush_every", CudaKernels.draft_flush_every)
+    monkeypatch.setattr(cli, "PROGRAM", cli.PROGRAM)
+    bench = (
+        "--shape tiny-qwen3 --dtype float32 --peaked --draft lookup --suites code "
+        "--prompts-per-suite 1 --max-tokens 8 --repeats 1 --cooldown 0 --no-profile --no-png "
+        f"--out {tmp_path / 'w'}"
+    ).split()
+    argv = ["with_variant.py", "--draft-flush", "0", "--", "-m", "mlx_dflash.bench", *bench]
+    monkeypatch.setattr(sys, "argv", argv)
+    try:
+        __import__("with_variant").main()
+    finally:
+        sys.modules.pop("with_variant", None)
+        sys.modules.pop("probe_linear_variants", None)
+    command = (tmp_path / "w.md").read_text().split("```")[1].strip()
+    assert command.startswith(
+        "python3 bench/probes/with_variant.py --draft-flush 0 -- -m mlx_dflash.bench --shape"
+    )

@@ -9,6 +9,8 @@ matmul.py. Dense and 8-bit launches keep the shipped text and tiling.
     python bench/probes/with_variant.py --variant late4 -- bench/probes/probe_draft_pass.py qwen3-8b
     python bench/probes/with_variant.py --draft-flush 0 -- -m mlx_dflash.bench ...  # flush off
 
+The bench's results then give this wrapper's command as theirs.
+
 `--tiling` applies to 4-bit launches of one row tile (<= 16 rows), where the
 variants' text was written for (probe_linear_variants.FOUR_BIT_ONE_TILE);
 larger 4-bit blocks keep the shipped tiling with the variant's text.
@@ -16,6 +18,7 @@ larger 4-bit blocks keep the shipped tiling with the variant's text.
 
 import argparse
 import runpy
+import shlex
 import sys
 
 import probe_linear_variants as plv  # bench/probes/, beside this script
@@ -66,6 +69,12 @@ def main():
         CudaKernels.draft_flush_every = a.draft_flush
         print(f"with_variant: draft passes flushed every {a.draft_flush} layers", flush=True)
     if module:
+        if rest[1] == "mlx_dflash.bench":  # the results name this wrapper
+            from mlx_dflash.bench import cli
+
+            mine = sys.argv[1 : len(sys.argv) - len(a.rest)]
+            wrapper = ["python3", "bench/probes/with_variant.py", *mine, "--", "-m"]
+            cli.PROGRAM = shlex.join([*wrapper, "mlx_dflash.bench"])
         sys.argv = [rest[1], *rest[2:]]
         runpy.run_module(rest[1], run_name="__main__", alter_sys=True)
     else:

@@ -365,6 +365,12 @@ def run(args, argv) -> dict:
     return results
 
 
+# How the results name the program that ran: a probe wrapper around the bench
+# (bench/probes/with_variant.py) puts its own command here, so that results it
+# produced say so.
+PROGRAM = "mlx-dflash bench"
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(
@@ -380,7 +386,7 @@ def main(argv=None):
     if not args.world.leader:
         return
     stem = Path(args.out or f"bench/results/bench-{time.strftime('%Y%m%d-%H%M%S')}")
-    command = "mlx-dflash bench " + " ".join(shlex.quote(a) for a in argv)
+    command = PROGRAM + " " + " ".join(shlex.quote(a) for a in argv)
     if "concurrency" in results:
         from .concurrency import table, write
 
