@@ -62,6 +62,8 @@ def test_cuda_path_flushes_draft_passes_cpu_does_not():
     assert cuda.draft_flush_every == CudaKernels.draft_flush_every > 0
     assert cuda.but(draft_flush_every=0).draft_flush_every == 0
     assert cuda.but(linear=False).draft_flush_every == cuda.draft_flush_every
+    with pytest.raises(ValueError, match="draft_flush_every"):
+        cuda.but(draft_flush_every=-1)
 
 
 def test_flush_taps_are_plain_pass_through_outside_forward():
@@ -111,34 +113,9 @@ def test_bucket_cache_prefill_chunks_take_the_causal_path():
     assert np.abs(logits[True] - logits[False]).max() < 1e-5
 
 
-def test_with_variant_sets_the_draft_flush(tmp_path, monkeypatch, capsys):
-    """bench/probes/with_variant.py --draft-flush N runs a command with CUDA's
-    draft flush set to N (how h100-q4-qwen3-8b-drafts-s40-noflush ran)."""
-    import sys
-    from pathlib import Path
-
-    from mlx_dflash.kernels.cuda import CudaKernels
-
-    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "bench" / "probes"))
-    monkeypatch.setattr(CudaKernels, "draft_flush_every", CudaKernels.draft_flush_every)
-    script = tmp_path / "show.py"
-    script.write_text(
-        "from mlx_dflash.kernels.cuda import CudaKernels\n"
-        "from mlx_dflash.kernels.path import BlockPath\n"
-        "print('flush', BlockPath.choose(CudaKernels()).draft_flush_every)\n"
-    )
-    monkeypatch.setattr(sys, "argv", ["with_variant.py", "--draft-flush", "0", "--", str(script)])
-    try:
-        __import__("with_variant").main()
-    finally:
-        sys.modules.pop("with_variant", None)
-        sys.modules.pop("probe_linear_variants", None)
-    assert "flush 0" in capsys.readouterr().out
-
-
-def test_with_variant_names_itself_in_the_bench_results(tmp_path, monkeypatch):
-    """A bench run through with_variant.py records the wrapper's command, so
-    its results say what produced them."""
+def run_with_variant(monkeypatch, *argv):
+    """bench/probes/with_variant.py's main with `argv`, CUDA's draft flush and
+    the bench's program name restored afterwards."""
     import sys
     from pathlib import Path
 
@@ -148,18 +125,36 @@ def test_with_variant_names_itself_in_the_bench_results(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "bench" / "probes"))
     monkeypatch.setattr(CudaKernels, "draft_flush_every", CudaKernels.draft_flush_every)
     monkeypatch.setattr(cli, "PROGRAM", cli.PROGRAM)
-    bench = (
-        "--shape tiny-qwen3 --dtype float32 --peaked --draft lookup --suites code "
-        "--prompts-per-suite 1 --max-tokens 8 --repeats 1 --cooldown 0 --no-profile --no-png "
-        f"--out {tmp_path / 'w'}"
-    ).split()
-    argv = ["with_variant.py", "--draft-flush", "0", "--", "-m", "mlx_dflash.bench", *bench]
-    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.setattr(sys, "argv", ["with_variant.py", *argv])
     try:
         __import__("with_variant").main()
     finally:
         sys.modules.pop("with_variant", None)
         sys.modules.pop("probe_linear_variants", None)
+
+
+def test_with_variant_sets_the_draft_flush(tmp_path, monkeypatch, capsys):
+    """bench/probes/with_variant.py --draft-flush N runs a command with CUDA's
+    draft flush set to N (how h100-q4-qwen3-8b-drafts-s40-noflush ran)."""
+    script = tmp_path / "show.py"
+    script.write_text(
+        "from mlx_dflash.kernels.cuda import CudaKernels\n"
+        "from mlx_dflash.kernels.path import BlockPath\n"
+        "print('flush', BlockPath.choose(CudaKernels()).draft_flush_every)\n"
+    )
+    run_with_variant(monkeypatch, "--draft-flush", "0", "--", str(script))
+    assert "flush 0" in capsys.readouterr().out
+
+
+def test_with_variant_names_itself_in_the_bench_results(tmp_path, monkeypatch):
+    """A bench run through with_variant.py records the wrapper's command, so
+    its results say what produced them."""
+    bench = (
+        "--shape tiny-qwen3 --dtype float32 --peaked --draft lookup --suites code "
+        "--prompts-per-suite 1 --max-tokens 8 --repeats 1 --cooldown 0 --no-profile --no-png "
+        f"--out {tmp_path / 'w'}"
+    ).split()
+    run_with_variant(monkeypatch, "--draft-flush", "0", "--", "-m", "mlx_dflash.bench", *bench)
     command = (tmp_path / "w.md").read_text().split("```")[1].strip()
     assert command.startswith(
         "python3 bench/probes/with_variant.py --draft-flush 0 -- -m mlx_dflash.bench --shape"

@@ -4,11 +4,11 @@ A 4-bit draft pass took 0.3 ms longer to build and start than bf16's on one
 H100 (bench/results/h100-probe-draft-flush-s40.jsonl, flush_every 1: build
 1.52 vs 1.22 ms), though the same launches, fewer bytes. Per launch kind
 (o_proj alone; q/k/v with the RMSNorm, 3 weights; gate/up with SwiGLU, 2
-weights; and q/k/v as one weight of their rows) at 16 rows of the Qwen3-8B shapes, median microseconds per launch
-of: building the lazy graph (`build_us`: the matmul.py call), and encoding
-it (`encode_us`: `mx.async_eval` of --launches independent calls, which
-encodes and launches on the calling thread; the wait after it is not
-counted). A 4-bit launch passes 3 arrays per weight to the kernel where a
+weights; and q/k/v as one weight of their rows) at 16 rows of the Qwen3-8B
+shapes, median microseconds per launch of: building the lazy graph
+(`build_us`: the matmul.py call), and encoding it (`encode_us`:
+`mx.async_eval` of --launches independent calls, which encodes and launches
+on the calling thread; the wait after it is not counted). A 4-bit launch passes 3 arrays per weight to the kernel where a
 dense one passes 1.
 
     python bench/probes/probe_launch_host.py [--launches 64] [--reps 20]

@@ -137,8 +137,9 @@ def stock_model(args):
 
 
 def make_arms(args, target, vocab, make_draft):
-    if _every(args.draft_flush[0]) is not None:
-        target.set_draft_flush(_every(args.draft_flush[0]))
+    flush = _every(args.draft_flush[0])
+    if flush is not None:  # one choice, set once (a list alternates below)
+        target.set_draft_flush(flush)
     arms = []
     block = block_size_for(args.block_size, None)  # lookup and engine arms
     for spec in args.draft:

@@ -5,10 +5,11 @@
 available, else None: the plain path) and the switches `linear` (matmul.py's
 products), `attention` (flash.py's), `fold_from` (attention.py's plain-ops
 attention from that many keys) and `draft_flush_every` (a DFlash draft pass
-starts every n-th layer's output while the rest is built; 0: off). `fit(target)` and `fit_draft(draft)` build
-the wrappers once, on the instances they mirror; a `Fitting` puts them where
-the stock modules sit for the duration of `with fitting:` (one forward), and
-takes them off again, so that outside it the model is stock. With no backend
+starts every n-th layer's output while the rest is built; 0: off).
+`fit(target)` and `fit_draft(draft)` build the wrappers once, on the
+instances they mirror; a `Fitting` puts them where the stock modules sit for
+the duration of `with fitting:` (one forward), and takes them off again, so
+that outside it the model is stock. With no backend
 and no fold, a fitting holds nothing and `with` costs two empty loops.
 
 Layers split across ranks by mlx_lm's `shard` (`mlx.nn.layers.distributed`
@@ -73,12 +74,14 @@ class BlockPath:
             fold_from = backend.fold_from if on else math.inf
         if draft_flush_every is None:
             draft_flush_every = backend.draft_flush_every if on else 0
+        if draft_flush_every < 0:
+            raise ValueError(f"draft_flush_every {draft_flush_every}: 0 (off) or more")
         return cls(
             backend,
             on and (linear is None or bool(linear)),
             on and (attention is None or bool(attention)),
             fold_from,
-            max(0, int(draft_flush_every)),
+            int(draft_flush_every),
         )
 
     def but(self, **switches) -> "BlockPath":
