@@ -8,8 +8,8 @@ weights; and q/k/v as one weight of their rows) at 16 rows of the Qwen3-8B
 shapes, median microseconds per launch of: building the lazy graph
 (`build_us`: the matmul.py call), and encoding it (`encode_us`:
 `mx.async_eval` of --launches independent calls, which encodes and launches
-on the calling thread; the wait after it is not counted). A 4-bit launch passes 3 arrays per weight to the kernel where a
-dense one passes 1.
+on the calling thread; the wait after it is not counted). A 4-bit launch
+passes 3 arrays per weight to the kernel where a dense one passes 1.
 
     python bench/probes/probe_launch_host.py [--launches 64] [--reps 20]
 """
