@@ -18,7 +18,8 @@ which the bench's draft time leaves out; and both as a decode runs them
 after reading a verify (`commit_pass_ms`: the commit started, the pass built
 on it, one wait). With --flush 0,1, each draft with its pass's layers started
 while the rest is built (`flush_every`) and without, in turn. One JSON line
-per draft and flush; with --profile N, each draft's host time over N graph
+per draft and flush (with --split, a flushed build's time in its layers'
+`start_eval`s apart: `encode_ms`, and the rest `python_ms`); with --profile N, each draft's host time over N graph
 builds by function.
 Then the block's embedding alone (evaluated each time) with int32 and uint32
 token ids: Nsight Compute timed the draft's int32-indexed gather at 192 us
@@ -65,6 +66,8 @@ def main():
     p.add_argument("--commit-rows", type=int, default=7)
     p.add_argument("--flush", default="0",
                    help="draft flush_every values to time in turn (0: off; CUDA's default is 1)")
+    p.add_argument("--split", action="store_true",
+                   help="report a flushed build's time inside its start_evals (encode_ms) apart")
     p.add_argument("--profile", type=int, default=0,
                    help="then cProfile this many graph builds of each draft (host time by function)")
     a = p.parse_args()
@@ -81,10 +84,26 @@ def main():
     width = next(iter(drafters.values())).draft.fc.weight.shape[-1]
     rows = mx.random.normal((1, a.commit_rows, width)).astype(mx.bfloat16)
 
+    # A flushed build's layers are encoded and launched inside the build
+    # (draft.start_eval): with --split, the time in those calls is summed
+    # apart from Python's own building.
+    encoded = [0.0]
+    if a.split:
+        import mlx_dflash.draft as draft_module
+
+        def timed_start(arrays, start=draft_module.start_eval):
+            t = time.perf_counter()
+            start(arrays)
+            encoded[0] += time.perf_counter() - t
+
+        draft_module.start_eval = timed_start
+
     def one(d):
         t0 = time.perf_counter()
+        encoded[0] = 0.0
         logits = d._logits(5, 15)
         t1 = time.perf_counter()
+        enc = encoded[0] * 1e3
         mx.eval(logits)
         t2 = time.perf_counter()
         d.commit(list(range(a.commit_rows)), rows)
@@ -98,7 +117,7 @@ def main():
         mx.eval(d._logits(5, 15))
         t5 = time.perf_counter()
         d.trim(a.commit_rows)
-        return (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, (t5 - t4) * 1e3
+        return (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, (t5 - t4) * 1e3, enc
 
     for d in drafters.values():  # compiles every kernel
         for _ in range(5):
@@ -118,6 +137,8 @@ def main():
             build_ms=med([t[0] for t in ts]), eval_ms=med([t[1] for t in ts]),
             pass_ms=med([t[0] + t[1] for t in ts]), commit_rows=a.commit_rows,
             commit_ms=med([t[2] for t in ts]), commit_pass_ms=med([t[3] for t in ts]),
+            **(dict(encode_ms=med([t[4] for t in ts]),
+                    python_ms=med([t[0] - t[4] for t in ts])) if a.split else {}),
         )), flush=True)
     for bits, d in drafters.items() if a.profile else ():
         build_profile(d, bits, a.profile)

@@ -9,9 +9,11 @@ shapes, median microseconds per launch of: building the lazy graph
 (`build_us`: the matmul.py call), and encoding it (`encode_us`:
 `mx.async_eval` of --launches independent calls, which encodes and launches
 on the calling thread; the wait after it is not counted). A 4-bit launch
-passes 3 arrays per weight to the kernel where a dense one passes 1.
+passes 3 arrays per weight to the kernel where a dense one passes 1. With
+--per-eval N, a sample's launches are encoded N to an `mx.async_eval` (each
+one graph, as a flushed draft pass commits a layer's), not all in one.
 
-    python bench/probes/probe_launch_host.py [--launches 64] [--reps 20]
+    python bench/probes/probe_launch_host.py [--launches 64] [--reps 20] [--per-eval N]
 """
 
 import argparse
@@ -28,6 +30,8 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--launches", type=int, default=64)
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--per-eval", type=int, default=0,
+                   help="launches per mx.async_eval (0: all of a sample's in one)")
     a = p.parse_args()
     h, f, kv = 4096, 12288, 1024
     x = mx.random.normal((1, 16, h)).astype(mx.bfloat16)
@@ -55,13 +59,16 @@ def main():
                 t0 = time.perf_counter()
                 outs = [y for _ in range(a.launches) for y in fn()]
                 t1 = time.perf_counter()
-                mx.async_eval(outs)
+                step = a.per_eval or len(outs)
+                for i in range(0, len(outs), step):
+                    mx.async_eval(outs[i : i + step])
                 t2 = time.perf_counter()
                 mx.eval(outs)
                 build.append((t1 - t0) / a.launches * 1e6)
                 encode.append((t2 - t1) / a.launches * 1e6)
             print(json.dumps(dict(
                 launch=name, bits=bits or 16, launches=a.launches, reps=a.reps,
+                per_eval=a.per_eval or a.launches,
                 build_us=round(statistics.median(build), 2),
                 encode_us=round(statistics.median(encode), 2),
             )), flush=True)
