@@ -482,6 +482,14 @@ def test_cli_draft_quantize_list_runs_an_arm_per_choice(tmp_path):
     assert list(arms) == ["engine τ=3 unquantized draft", "engine τ=3 4-bit draft"]
     for arm in arms.values():
         assert arm["token_match"]["equal_pct"] == 100.0
+    # The second arm against the first, repeat by repeat.
+    dense, packed = arms.values()
+    paired = packed["paired"]
+    ratio = packed["per_run"][0]["decode_tps"] / dense["per_run"][0]["decode_tps"]
+    assert paired["against"] == "engine τ=3 unquantized draft" and "paired" not in dense
+    assert paired["ratio"]["n"] == 1 and paired["ratio"]["median"] == pytest.approx(ratio)
+    md = (tmp_path / "q.md").read_text()
+    assert f"engine τ=3 4-bit draft / engine τ=3 unquantized draft: {ratio:.3f}" in md
     with pytest.raises(SystemExit):
         cli.main(["--draft-quantize", "3", "--draft", "lookup"])
 

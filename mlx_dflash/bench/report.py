@@ -212,9 +212,29 @@ def markdown(results: dict, command: str) -> str:
                 + " ".join(_num(p, ".2f") for p in pp)
             )
     lines += _fallback_lines(results)
+    lines += _paired_lines(results)
     lines += ["", "## Settings", "", "```json", json.dumps(cfg, indent=1), "```"]
     lines += ["", "## Environment", "", "```json", json.dumps(env, indent=1), "```", ""]
     return "\n".join(lines)
+
+
+def _paired_lines(results: dict) -> List[str]:
+    """Each arm's decode tok/s over the first arm's in the same repeat."""
+    out = []
+    for c in results["cases"]:
+        for name, a in c["arms"].items():
+            p = a.get("paired")
+            if p is None:
+                continue
+            t = f" T={temperature(c):g}" if "sampling" in c else ""
+            out.append(
+                f"- {c['suite']}/{c['name']}{t} {name} / {p['against']}: "
+                f"{_mmm(p['ratio'], '{:.3f}')} ({p['ratio']['n']} repeats)"
+            )
+    if not out:
+        return []
+    head = "## Arms paired per repeat (decode tok/s / the first arm's, same repeat)"
+    return ["", head, ""] + out
 
 
 def _fallback_lines(results: dict) -> List[str]:

@@ -295,12 +295,24 @@ def summarize_case(case: Case, arms, runs, profiles, calibration) -> dict:
     }
     t_ar_ms = 1e3 / result["baseline"]["decode_tps"]["median"]
     result["baseline"]["t_ar_ms"] = t_ar_ms
+    first = arms[0].name if arms else None
     for arm in arms:
         rs = runs[arm.name]
         s = _arm_summary(rs)
         s["speedup"] = summarize(
             [r.decode_tps / b.decode_tps for r, b in zip(rs, base)]
         )
+        if arm.name != first:
+            # Arms against each other, repeat by repeat (both ran in each, in
+            # alternating order): on a host whose speed drifts between runs
+            # the medians of two arms' own tok/s can differ by more than the
+            # arms do.
+            s["paired"] = {
+                "against": first,
+                "ratio": summarize(
+                    [r.decode_tps / f.decode_tps for r, f in zip(rs, runs[first])]
+                ),
+            }
         s["ttft_ratio"] = summarize([r.ttft_s / b.ttft_s for r, b in zip(rs, base)])
         s["spec"] = pool_stats([r.spec for r in rs])
         s["tau_per_run"] = summarize(
