@@ -19,8 +19,8 @@ after reading a verify (`commit_pass_ms`: the commit started, the pass built
 on it, one wait). With --flush 0,1, each draft with its pass's layers started
 while the rest is built (`flush_every`) and without, in turn. One JSON line
 per draft and flush (with --split, a flushed build's time in its layers'
-`start_eval`s apart: `encode_ms`, and the rest `python_ms`); with --profile N, each draft's host time over N graph
-builds by function.
+`start_eval`s apart: `encode_ms`, and the rest `python_ms`); with
+--profile N, each draft's host time over N graph builds by function.
 Then the block's embedding alone (evaluated each time) with int32 and uint32
 token ids: Nsight Compute timed the draft's int32-indexed gather at 192 us
 against 4 us for the verify's uint32 one of the same size
