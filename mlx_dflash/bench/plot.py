@@ -10,7 +10,7 @@ points that share an x are nudged apart so that none hides another.
 
 from pathlib import Path
 
-from .pooled import by_temperature, temperature
+from .pooled import by_temperature, case_name, temperature
 
 MARKERS = "osD^vP*X"
 
@@ -44,8 +44,7 @@ def _arms(results) -> list:
 
 
 def _case_label(c) -> str:
-    t = f" T={temperature(c):g}" if "sampling" in c else ""
-    return f"{c['suite']}/{c['name']}{t}\n{c['prompt_tokens']}+{c['max_tokens']}"
+    return f"{case_name(c)}\n{c['prompt_tokens']}+{c['max_tokens']}"
 
 
 def _nudge(i: int, n: int, span: float) -> float:
@@ -112,8 +111,7 @@ class Acceptance:
             for name, a in c["arms"].items():
                 pos = a["spec"].get("per_position_acceptance") or []
                 if pos:
-                    t = f" T={temperature(c):g}" if "sampling" in c else ""
-                    yield f"{c['suite']}/{c['name']}{t} {name}", pos
+                    yield f"{case_name(c)} {name}", pos
 
     @classmethod
     def applies(cls, results) -> bool:

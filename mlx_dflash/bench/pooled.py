@@ -10,6 +10,12 @@ def temperature(case: dict) -> float:
     return case.get("sampling", {}).get("temperature", 0.0)
 
 
+def case_name(case: dict) -> str:
+    """suite/name, with " T=t" for a case that names its sampling."""
+    t = f" T={temperature(case):g}" if "sampling" in case else ""
+    return f"{case['suite']}/{case['name']}{t}"
+
+
 def by_temperature(results: dict) -> List[dict]:
     """Per temperature and decoder, pooled over cases: τ, both acceptance
     ratios, per-position acceptance, tok/s and speedup over every timed run."""

@@ -6,7 +6,7 @@ from typing import List
 
 from .environment import environment  # noqa: F401 - cli.py calls report.environment
 from .plot import plot
-from .pooled import by_temperature, temperature
+from .pooled import by_temperature, case_name, temperature
 
 NOTES = (
     "decode tok/s: tokens after the first / time after the first token (prefill excluded). "
@@ -206,9 +206,8 @@ def markdown(results: dict, command: str) -> str:
     for c in results["cases"]:
         for name, a in c["arms"].items():
             pp = a["spec"]["per_position_acceptance"]
-            t = f" T={temperature(c):g}" if "sampling" in c else ""
             lines.append(
-                f"- {c['suite']}/{c['name']}{t} {name}: "
+                f"- {case_name(c)} {name}: "
                 + " ".join(_num(p, ".2f") for p in pp)
             )
     lines += _fallback_lines(results)
@@ -226,9 +225,8 @@ def _paired_lines(results: dict) -> List[str]:
             p = a.get("paired")
             if p is None:
                 continue
-            t = f" T={temperature(c):g}" if "sampling" in c else ""
             out.append(
-                f"- {c['suite']}/{c['name']}{t} {name} / {p['against']}: "
+                f"- {case_name(c)} {name} / {p['against']}: "
                 f"{_mmm(p['ratio'], '{:.3f}')} ({p['ratio']['n']} repeats)"
             )
     if not out:
@@ -245,10 +243,9 @@ def _fallback_lines(results: dict) -> List[str]:
             f = a["spec"]["fallback"]
             if not f["plain_tokens"]:
                 continue
-            t = f" T={temperature(c):g}" if "sampling" in c else ""
             runs = a["spec"].get("runs", 1)
             out.append(
-                f"- {c['suite']}/{c['name']}{t} {name}, per run: "
+                f"- {case_name(c)} {name}, per run: "
                 f"plain {f['plain_tokens'] / runs:.1f} tokens in "
                 f"{f['plain_seconds'] / runs:.2f} s ({f.get('probes', 0) / runs:.1f} "
                 f"probes, {f['plain_stretches'] / runs:.1f} stretches); speculative "
