@@ -466,6 +466,24 @@ def test_cli_quantized_shape_target_and_engine_draft(tmp_path):
     assert arm["token_match"]["equal_pct"] == 100.0
 
 
+def test_real_shape_presets_are_the_published_sizes():
+    """Every real `--shape` preset builds its mlx_lm model (lazily: nothing is
+    materialised) at the published size, its draft at the target's width."""
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import _get_classes
+
+    from mlx_dflash.bench.shapes import PRESETS
+
+    for name, billions in [("qwen3-8b", 8.19), ("qwen3.5-9b", 8.95), ("qwen3.6-27b", 26.90)]:
+        config = PRESETS[name][0]
+        model_cls, args_cls = _get_classes(config)
+        model = model_cls(args_cls.from_dict(config))
+        n = sum(v.size for _, v in tree_flatten(model.parameters()))
+        assert n / 1e9 == pytest.approx(billions, abs=0.01), name
+    args = build_parser(argparse.ArgumentParser()).parse_args(["--shape", "qwen3.6-27b"])
+    assert args.shape == "qwen3.6-27b"
+
+
 def test_cli_draft_quantize_list_runs_an_arm_per_choice(tmp_path):
     """`--draft-quantize none,4`: the engine arm once on the draft as built and
     once on its 4-bit copy, in the same run, each named so, both the target's

@@ -4,11 +4,12 @@
 # halves), from the repo root:   export PYTHONUNBUFFERED=1 PYTHONPATH=/root/site:$PWD
 #   bash bench/scripts/gpu_quant.sh 8b    Qwen3-8B shape, 4-bit g64 target: bf16 and 4-bit drafts, one run
 #   bash bench/scripts/gpu_quant.sh 9b    Qwen3.5-9B shape (hybrid), the same
+#   bash bench/scripts/gpu_quant.sh 27b   Qwen3.6-27B shape (hybrid; the seeds' 4-bit target), the same
 #   GGUF=/tmp/SmolLM2-135M-Instruct.Q4_1.gguf bash bench/scripts/gpu_quant.sh zlab
 #                                         the default pair: ours beside z-lab's reference loop
 #                                         (pip install --no-deps dflash==0.1.0 first)
 #   bash bench/scripts/gpu_quant.sh cuda  the whole GPU suite (pytest -m cuda), log in $OUT
-# EXTRA adds bench flags to the 8b / 9b runs, e.g. EXTRA="--draft-flush 0,1" TAG=-flush (draft
+# EXTRA adds bench flags to the 8b / 9b / 27b runs, e.g. EXTRA="--draft-flush 0,1" TAG=-flush (draft
 # passes flushed and not, alternating within each case).
 # VIA runs the 8b / 9b benches through a 4-bit kernel variant not yet in matmul.py, TAG names it:
 #   VIA="python3 bench/probes/with_variant.py --variant late4 --tiling 32x4 --" TAG=-late4-32x4 \
@@ -24,6 +25,7 @@ for what in "$@"; do
   case $what in
   8b) timeout ${SECONDS_EACH:-200} $b --shape qwen3-8b --out $out/$gpu-q4-qwen3-8b-drafts${TAG:-} ;;
   9b) timeout ${SECONDS_EACH:-220} $b --shape qwen3.5-9b --out $out/$gpu-q4-qwen3_5-9b-drafts${TAG:-} ;;
+  27b) timeout ${SECONDS_EACH:-300} $b --shape qwen3.6-27b --out $out/$gpu-q4-qwen3_6-27b-drafts${TAG:-} ;;
   zlab)
     d=mlx_dflash/default_draft
     timeout 150 python3 -m mlx_dflash.bench --model "${GGUF:?GGUF=path}" --draft $d,zlab:$d \

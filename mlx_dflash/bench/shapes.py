@@ -54,6 +54,22 @@ QWEN3_5_9B = dict(
     ),
 )
 
+# Qwen3.6-27B (the seeds' 4-bit target; Qwen3.5-27B has the same shape):
+# 64 layers, every fourth full attention with an output gate, the rest
+# GatedDeltaNet with 48 value heads over 16 key heads.
+QWEN3_6_27B = dict(
+    model_type="qwen3_5",
+    text_config=dict(
+        QWEN3_5_9B["text_config"],
+        hidden_size=5120,
+        num_hidden_layers=64,
+        intermediate_size=17408,
+        num_attention_heads=24,
+        num_key_value_heads=4,
+        linear_num_value_heads=48,
+    ),
+)
+
 # The default target's shape (SmolLM2-135M, llama), to time the default pair
 # where its GGUF file cannot travel.
 SMOLLM2_135M = dict(
@@ -104,6 +120,7 @@ TINY_QWEN3_5 = dict(
 PRESETS = {
     "qwen3-8b": (QWEN3_8B, dict(heads=32, kv_heads=8, head_dim=128), 151669),
     "qwen3.5-9b": (QWEN3_5_9B, dict(heads=32, kv_heads=8, head_dim=128), 248070),
+    "qwen3.6-27b": (QWEN3_6_27B, dict(heads=32, kv_heads=8, head_dim=128), 248070),
     "smollm2-135m": (SMOLLM2_135M, dict(heads=9, kv_heads=3, head_dim=64), 0),
     "tiny-qwen3": (TINY_QWEN3, dict(heads=4, kv_heads=2, head_dim=32), 1000),
     "tiny-qwen3.5": (TINY_QWEN3_5, dict(heads=4, kv_heads=2, head_dim=32), 1000),
