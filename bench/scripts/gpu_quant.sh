@@ -9,6 +9,8 @@
 #                                         the default pair: ours beside z-lab's reference loop
 #                                         (pip install --no-deps dflash==0.1.0 first)
 #   bash bench/scripts/gpu_quant.sh cuda  the whole GPU suite (pytest -m cuda), log in $OUT
+#   bash bench/scripts/gpu_quant.sh slack how much extra device time a draft pass takes before the
+#                                         cycle grows (probe_cycle_slack.py, 27B then 8B shape, 4-bit)
 # EXTRA adds bench flags to the 8b / 9b / 27b runs, e.g. EXTRA="--draft-flush 0,1" TAG=-flush (draft
 # passes flushed and not, alternating within each case).
 # VIA runs the 8b / 9b benches through a 4-bit kernel variant not yet in matmul.py, TAG names it:
@@ -31,6 +33,12 @@ for what in "$@"; do
     timeout 150 python3 -m mlx_dflash.bench --model "${GGUF:?GGUF=path}" --draft $d,zlab:$d \
       --suites code,copy_edit --prompts-per-suite 1 --max-tokens 128 --repeats 3 --cooldown 0.5 \
       --no-png --out $out/$gpu-default-pair-zlab
+    ;;
+  slack)
+    for shape in qwen3.6-27b qwen3-8b; do
+      timeout ${SECONDS_EACH:-200} python3 bench/probes/probe_cycle_slack.py $shape --rounds ${REPEATS:-3} \
+        | tee $out/$gpu-probe-cycle-slack-${shape/./_}${TAG:-}.jsonl
+    done
     ;;
   cuda)
     # With pytest-xdist on the device 8 workers compile the kernels side by side: 156 s instead
