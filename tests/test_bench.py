@@ -468,7 +468,8 @@ def test_cli_quantized_shape_target_and_engine_draft(tmp_path):
 
 def test_real_shape_presets_are_the_published_sizes():
     """Every real `--shape` preset builds its mlx_lm model (lazily: nothing is
-    materialised) at the published size, its draft at the target's width."""
+    materialised) at the published size of its text model, and `--shape`
+    offers the 27B."""
     from mlx.utils import tree_flatten
     from mlx_lm.utils import _get_classes
 

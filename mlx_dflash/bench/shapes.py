@@ -116,7 +116,9 @@ TINY_QWEN3_5 = dict(
     ),
 )
 
-# name -> (target config, draft head layout, mask token id)
+# name -> (target config, draft head layout, mask token id). The 27B's draft
+# takes the 9B's layout and mask id (z-lab's drafters of the Qwen3.5/3.6 family
+# share them; its width follows the target's).
 PRESETS = {
     "qwen3-8b": (QWEN3_8B, dict(heads=32, kv_heads=8, head_dim=128), 151669),
     "qwen3.5-9b": (QWEN3_5_9B, dict(heads=32, kv_heads=8, head_dim=128), 248070),
