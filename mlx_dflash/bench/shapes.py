@@ -117,8 +117,8 @@ TINY_QWEN3_5 = dict(
 )
 
 # name -> (target config, draft head layout, mask token id). The 27B's draft
-# takes the 9B's layout and mask id (z-lab's drafters of the Qwen3.5/3.6 family
-# share them; its width follows the target's).
+# has the layout and mask id of z-lab's DFlash2 drafter for the same-shaped
+# Qwen3.8-27B (32 heads over 8, head size 128, id 248070), at the target's width.
 PRESETS = {
     "qwen3-8b": (QWEN3_8B, dict(heads=32, kv_heads=8, head_dim=128), 151669),
     "qwen3.5-9b": (QWEN3_5_9B, dict(heads=32, kv_heads=8, head_dim=128), 248070),
