@@ -485,6 +485,34 @@ def test_real_shape_presets_are_the_published_sizes():
     assert args.shape == "qwen3.6-27b"
 
 
+def test_quantized_shape_is_built_layer_by_layer():
+    """`--quantize` makes and quantizes a shape one layer at a time: the same
+    values as quantizing the whole evaluated model, without ever holding the
+    whole full-precision model (a 27B shape's would take 54 GB)."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    from mlx_dflash.bench.shapes import build_target
+
+    mx.clear_cache()
+    mx.reset_peak_memory()
+    whole = build_target("smollm2-135m", peaked=True)
+    nn.quantize(whole, group_size=64, bits=4)
+    mx.eval(whole.parameters())
+    peak_whole = mx.get_peak_memory()
+    expected = dict(tree_flatten(whole.parameters()))
+    del whole
+    held = sum(v.nbytes for v in expected.values())
+    mx.clear_cache()
+    mx.reset_peak_memory()
+    layered = build_target("smollm2-135m", peaked=True, quantize=4, group_size=64)
+    peak_layered = mx.get_peak_memory() - held  # `expected` stays in memory
+    got = dict(tree_flatten(layered.parameters()))
+    assert got.keys() == expected.keys()
+    assert all(mx.array_equal(got[k], expected[k]).item() for k in got)
+    assert peak_layered < 0.8 * peak_whole, (peak_layered, peak_whole)
+
+
 def test_cli_draft_quantize_list_runs_an_arm_per_choice(tmp_path):
     """`--draft-quantize none,4`: the engine arm once on the draft as built and
     once on its 4-bit copy, in the same run, each named so, both the target's

@@ -149,9 +149,9 @@ def build_target(
     group_size: int = 64,
 ) -> nn.Module:
     """A random-weight mlx_lm model of a named shape, in `dtype`; with
-    `quantize` (4 or 8 bits), affine-quantized afterwards as `mlx_lm.convert
-    -q` leaves a model (`mlx.nn.quantize`: every Linear and Embedding whose
-    input width `group_size` divides).
+    `quantize` (4 or 8 bits), affine-quantized as `mlx_lm.convert -q` leaves
+    a model (`mlx.nn.quantize`: every Linear and Embedding whose input width
+    `group_size` divides), a layer at a time.
 
     `peaked` conditions the random weights so that every greedy choice wins by
     a wide margin (same shapes, same cost): plain random weights give
@@ -178,10 +178,18 @@ def build_target(
     lm = model["language_model"] if "language_model" in model else model
     if peaked:
         _peak(lm, seed)
-    _eval_by_layer(model, lm.model.layers)
-    if quantize is not None:
-        nn.quantize(model, group_size=group_size, bits=quantize)
+    if quantize is None:
         _eval_by_layer(model, lm.model.layers)
+        return model
+    # Each layer made and quantized before the next, so the full-precision
+    # model never exists whole (the 27B shape's would take 54 GB); the same
+    # values as quantizing the evaluated model, since the random draws are
+    # fixed when the modules are built.
+    for layer in lm.model.layers:
+        nn.quantize(layer, group_size=group_size, bits=quantize)
+        mx.eval(layer.parameters())
+    nn.quantize(model, group_size=group_size, bits=quantize)  # embedding, head
+    mx.eval(model.parameters())
     return model
 
 
