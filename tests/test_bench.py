@@ -573,6 +573,36 @@ def test_cli_quantize_needs_a_shape(capsys):
     with pytest.raises(SystemExit):
         cli.main(["--quantize", "4", "--draft", "lookup"])
     assert "--quantize needs --shape" in capsys.readouterr().err
+
+
+def test_shape_too_large_for_the_device_is_refused_before_building(capsys, monkeypatch):
+    """A shape whose weights alone exceed the memory available is a one-line
+    error naming the shape and both sizes, before anything is allocated; the
+    size it predicts is what the built model takes, dense and 4-bit."""
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import _get_classes
+
+    from mlx_dflash.bench import shapes
+
+    for bits in (None, 4):
+        config = shapes.PRESETS["tiny-qwen3.5"][0]
+        model_cls, args_cls = _get_classes(config)
+        lazy = model_cls(args_cls.from_dict(config))
+        lazy.set_dtype(mx.bfloat16)
+        built = shapes.build_target("tiny-qwen3.5", quantize=bits)
+        assert shapes.weight_bytes(lazy, bits, 64) == sum(
+            v.nbytes for _, v in tree_flatten(built.parameters())
+        )
+    monkeypatch.setattr(shapes, "available_memory", lambda info, where: 10**9)
+    before = mx.get_active_memory()
+    with pytest.raises(SystemExit):
+        cli.main("--shape qwen3.6-27b --quantize 4 --draft engine --no-png".split())
+    err = capsys.readouterr().err
+    assert "--shape qwen3.6-27b at 4 bits: its weights alone take ~15.13 GB" in err
+    assert "1.00 GB is available" in err and len(err.strip().splitlines()) == 1
+    assert mx.get_active_memory() - before < 10**8
+
+
 def _case(suite, prompt, n, temp, arms):
     stat = lambda v: {"median": v, "min": v, "max": v}
     return {

@@ -11,7 +11,9 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.utils import _get_classes
 
+from ..device import backend, device_info
 from ..draft import DFlashDraft, DraftArgs, default_target_layer_ids
+from ..memory import available_memory, gb
 
 QWEN3_8B = dict(
     model_type="qwen3",
@@ -172,6 +174,16 @@ def build_target(
     mx.random.seed(seed)
     model = model_cls(args_cls.from_dict(config))
     model.set_dtype(dtype)  # lazy: nothing is materialised in fp32 as a whole
+    # Refuse before allocating: running out of memory on Apple silicon aborts
+    # the process rather than raising.
+    need = weight_bytes(model, quantize, group_size)
+    free = available_memory(device_info(), backend())
+    if free is not None and need > free:
+        bits = f" at {quantize} bits" if quantize else ""
+        raise ValueError(
+            f"--shape {preset}{bits}: its weights alone take ~{gb(need)} and "
+            f"{gb(free)} is available on this {backend()} device"
+        )
     # Inference mode, as mlx_lm.load leaves a model: GatedDeltaNet layers check
     # `training` to pick their fused kernel over the differentiable ops path.
     model.eval()
@@ -191,6 +203,24 @@ def build_target(
     nn.quantize(model, group_size=group_size, bits=quantize)  # embedding, head
     mx.eval(model.parameters())
     return model
+
+
+def weight_bytes(model: nn.Module, quantize: Optional[int], group_size: int) -> int:
+    """Bytes `model`'s parameters take once built, from their shapes alone
+    (nothing evaluated); with `quantize` bits, its Linear and Embedding
+    weights as `mlx.nn.quantize` leaves them (packed, plus a scale and a bias
+    per group in the model's dtype)."""
+    total = 0
+    for _, m in model.named_modules():
+        for name, v in m.items():
+            if not isinstance(v, mx.array):
+                continue
+            if quantize and name == "weight" and hasattr(m, "to_quantized"):
+                groups = v.size // group_size
+                total += v.size * quantize // 8 + 2 * groups * v.dtype.size
+            else:
+                total += v.nbytes
+    return total
 
 
 def _peak(lm: nn.Module, seed: int) -> None:
