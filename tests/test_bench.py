@@ -601,6 +601,8 @@ def test_shape_too_large_for_the_device_is_refused_before_building(capsys, monke
     assert "--shape qwen3.6-27b at 4 bits: its weights alone take ~15.13 GB" in err
     assert "1.00 GB is available" in err and len(err.strip().splitlines()) == 1
     assert mx.get_active_memory() - before < 10**8
+    with pytest.raises(ValueError, match="5-layer random draft: its weights alone take ~3.46 GB"):
+        shapes.build_draft("qwen3.6-27b", 64)
 
 
 def _case(suite, prompt, n, temp, arms):

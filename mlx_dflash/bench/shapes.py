@@ -174,16 +174,8 @@ def build_target(
     mx.random.seed(seed)
     model = model_cls(args_cls.from_dict(config))
     model.set_dtype(dtype)  # lazy: nothing is materialised in fp32 as a whole
-    # Refuse before allocating: running out of memory on Apple silicon aborts
-    # the process rather than raising.
-    need = weight_bytes(model, quantize, group_size)
-    free = available_memory(device_info(), backend())
-    if free is not None and need > free:
-        bits = f" at {quantize} bits" if quantize else ""
-        raise ValueError(
-            f"--shape {preset}{bits}: its weights alone take ~{gb(need)} and "
-            f"{gb(free)} is available on this {backend()} device"
-        )
+    bits = f" at {quantize} bits" if quantize else ""
+    check_fits(f"--shape {preset}{bits}", weight_bytes(model, quantize, group_size))
     # Inference mode, as mlx_lm.load leaves a model: GatedDeltaNet layers check
     # `training` to pick their fused kernel over the differentiable ops path.
     model.eval()
@@ -205,7 +197,21 @@ def build_target(
     return model
 
 
-def weight_bytes(model: nn.Module, quantize: Optional[int], group_size: int) -> int:
+def check_fits(what: str, need: int) -> None:
+    """Refuse, before allocating, weights of `need` bytes that the device
+    cannot hold: running out of memory on Apple silicon aborts the process
+    rather than raising."""
+    free = available_memory(device_info(), backend())
+    if free is not None and need > free:
+        raise ValueError(
+            f"{what}: its weights alone take ~{gb(need)} and {gb(free)} is "
+            f"available on this {backend()} device"
+        )
+
+
+def weight_bytes(
+    model: nn.Module, quantize: Optional[int] = None, group_size: int = 64
+) -> int:
     """Bytes `model`'s parameters take once built, from their shapes alone
     (nothing evaluated); with `quantize` bits, its Linear and Embedding
     weights as `mlx.nn.quantize` leaves them (packed, plus a scale and a bias
@@ -269,6 +275,7 @@ def random_draft(args: DraftArgs, *, dtype=mx.bfloat16, seed: int = 1) -> DFlash
     mx.random.seed(seed)
     draft = DFlashDraft(args)
     draft.set_dtype(dtype)
+    check_fits(f"a {args.num_hidden_layers}-layer random draft", weight_bytes(draft))
     _eval_by_layer(draft, draft.layers)
     return draft
 
