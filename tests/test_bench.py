@@ -471,14 +471,11 @@ def test_real_shape_presets_are_the_published_sizes():
     materialised) at the published size of its text model, and `--shape`
     offers the 27B."""
     from mlx.utils import tree_flatten
-    from mlx_lm.utils import _get_classes
 
-    from mlx_dflash.bench.shapes import PRESETS
+    from mlx_dflash.bench.shapes import lazy_target
 
     for name, billions in [("qwen3-8b", 8.19), ("qwen3.5-9b", 8.95), ("qwen3.6-27b", 26.90)]:
-        config = PRESETS[name][0]
-        model_cls, args_cls = _get_classes(config)
-        model = model_cls(args_cls.from_dict(config))
+        model = lazy_target(name)
         n = sum(v.size for _, v in tree_flatten(model.parameters()))
         assert n / 1e9 == pytest.approx(billions, abs=0.01), name
     args = build_parser(argparse.ArgumentParser()).parse_args(["--shape", "qwen3.6-27b"])
@@ -580,15 +577,11 @@ def test_shape_too_large_for_the_device_is_refused_before_building(capsys, monke
     error naming the shape and both sizes, before anything is allocated; the
     size it predicts is what the built model takes, dense and 4-bit."""
     from mlx.utils import tree_flatten
-    from mlx_lm.utils import _get_classes
 
     from mlx_dflash.bench import shapes
 
     for bits in (None, 4):
-        config = shapes.PRESETS["tiny-qwen3.5"][0]
-        model_cls, args_cls = _get_classes(config)
-        lazy = model_cls(args_cls.from_dict(config))
-        lazy.set_dtype(mx.bfloat16)
+        lazy = shapes.lazy_target("tiny-qwen3.5")
         built = shapes.build_target("tiny-qwen3.5", quantize=bits)
         assert shapes.weight_bytes(lazy, bits, 64) == sum(
             v.nbytes for _, v in tree_flatten(built.parameters())

@@ -141,6 +141,20 @@ def _eval_by_layer(model: nn.Module, layers) -> None:
     mx.eval(model.parameters())
 
 
+def lazy_target(preset: str, dtype=mx.bfloat16) -> nn.Module:
+    """The mlx_lm model of a named shape in `dtype`, its random weights drawn
+    (from the current seed) but not yet made: nothing is materialised."""
+    if preset not in PRESETS:
+        raise ValueError(
+            f"unknown shape preset {preset!r}; choose from {sorted(PRESETS)}"
+        )
+    config = PRESETS[preset][0]
+    model_cls, args_cls = _get_classes(config)
+    model = model_cls(args_cls.from_dict(config))
+    model.set_dtype(dtype)  # lazy: nothing is materialised in fp32 as a whole
+    return model
+
+
 def build_target(
     preset: str,
     *,
@@ -165,15 +179,8 @@ def build_target(
     embedding rows: the next token is a fixed function of the current one,
     lightly perturbed by the context.
     """
-    if preset not in PRESETS:
-        raise ValueError(
-            f"unknown shape preset {preset!r}; choose from {sorted(PRESETS)}"
-        )
-    config = PRESETS[preset][0]
-    model_cls, args_cls = _get_classes(config)
     mx.random.seed(seed)
-    model = model_cls(args_cls.from_dict(config))
-    model.set_dtype(dtype)  # lazy: nothing is materialised in fp32 as a whole
+    model = lazy_target(preset, dtype)
     bits = f" at {quantize} bits" if quantize else ""
     check_fits(f"--shape {preset}{bits}", weight_bytes(model, quantize, group_size))
     # Inference mode, as mlx_lm.load leaves a model: GatedDeltaNet layers check
