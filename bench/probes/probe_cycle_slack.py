@@ -84,6 +84,12 @@ def main():
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument(
+        "--verify-flush", type=int, default=None,
+        help="start every n-th verify layer while the rest is built (default: "
+        "the backend's, 4 on CUDA); whether the verify's first launches reach "
+        "the device later than a short draft finishes",
+    )
     a = p.parse_args()
     from mlx_lm.generate import generate_step as stock_step
 
@@ -98,7 +104,7 @@ def main():
     model = build_target(
         a.shape, dtype=dtype, peaked=True, quantize=a.quantize or None
     )
-    target = Target(model)
+    target = Target(model, flush_every=a.verify_flush)
     vocab = PRESETS[a.shape][2] or target.vocab_size
     drafts = {}
     for bits in [int(x) for x in a.draft_bits.split(",")]:
@@ -149,6 +155,8 @@ def main():
             cycles[(bits, d)].append(ms)
             print(json.dumps({
                 "shape": a.shape, "round": r, "draft_bits": bits or 16,
+                "verify_flush": target.path.flush_every if a.verify_flush is None
+                else a.verify_flush,
                 "delay_ms": round(delays[d][1], 3), "ms_per_cycle": round(ms, 3),
                 "cycles": stats.cycles, "tau": round(stats.tau or 0.0, 3),
             }), flush=True)

@@ -10,7 +10,8 @@
 #                                         (pip install --no-deps dflash==0.1.0 first)
 #   bash bench/scripts/gpu_quant.sh cuda  the whole GPU suite (pytest -m cuda), log in $OUT
 #   bash bench/scripts/gpu_quant.sh slack how much extra device time a draft pass takes before the
-#                                         cycle grows (probe_cycle_slack.py, 27B then 8B shape, 4-bit)
+#                                         cycle grows (probe_cycle_slack.py, 27B then 8B shape, 4-bit;
+#                                         EXTRA="--verify-flush 1" TAG=-vf1: the verify started layer by layer)
 # EXTRA adds bench flags to the 8b / 9b / 27b runs, e.g. EXTRA="--draft-flush 0,1" TAG=-flush (draft
 # passes flushed and not, alternating within each case).
 # VIA runs the 8b / 9b benches through a 4-bit kernel variant not yet in matmul.py, TAG names it:
@@ -36,7 +37,7 @@ for what in "$@"; do
     ;;
   slack)
     for shape in qwen3.6-27b qwen3-8b; do
-      timeout ${SECONDS_EACH:-200} python3 bench/probes/probe_cycle_slack.py $shape --rounds ${REPEATS:-3} \
+      timeout ${SECONDS_EACH:-200} python3 bench/probes/probe_cycle_slack.py $shape --rounds ${REPEATS:-3} ${EXTRA:-} \
         | tee $out/$gpu-probe-cycle-slack-${shape/./_}${TAG:-}.jsonl
     done
     ;;
