@@ -15,9 +15,10 @@ own timed cost (`delay_ms`, the median of synced runs). The engine-mode
 decode (oracle tokens at tau 6.5, greedy, output checked against stock)
 then runs with each delay and draft in alternating rounds; one JSON line
 per run (`ms_per_cycle`), then per draft the median cycle at each delay
-and its growth over no delay (`extra_ms`). A growth near 0 while the delay
-is below the slack, then near the delay's own slope, places the knee: how
-much device time a draft pass could spend without the cycle noticing.
+and its growth over the smallest delay, none by default (`extra_ms`). A
+growth near 0 while the delay is below the slack, then near the delay's own
+slope, places the knee: how much device time a draft pass could spend
+without the cycle noticing.
 """
 
 import argparse
@@ -161,7 +162,7 @@ def main():
                 "cycles": stats.cycles, "tau": round(stats.tau or 0.0, 3),
             }), flush=True)
     for bits in drafts:
-        base = statistics.median(cycles[(bits, next(iter(delays)))])
+        base = statistics.median(cycles[(bits, min(delays))])
         for d in delays:
             med = statistics.median(cycles[(bits, d)])
             print(json.dumps({
