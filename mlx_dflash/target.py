@@ -123,6 +123,8 @@ class Target:
           Default: the block path's (4 on CUDA, where building and launching
           a verify graph costs about as long as running it,
           bench/results/speed.md; off elsewhere).
+        flush_first: the first such start comes after this many layers
+          (default: `flush_every`), the next ones every `flush_every` after it.
         block_attention_from: verify blocks attend with plain ops
           (kernels/attention.py) once they see this many keys, in the layer
           classes that module mirrors. Default: 4096 on CUDA, where MLX's
@@ -150,6 +152,7 @@ class Target:
         model: nn.Module,
         capture_layers: Sequence[int] = (),
         flush_every: Optional[int] = None,
+        flush_first: Optional[int] = None,
         block_attention_from: Optional[int] = None,
         block_linear: Optional[bool] = None,
         attention_kernel: Optional[bool] = None,
@@ -191,16 +194,8 @@ class Target:
             attention=attention_kernel,
             fold_from=block_attention_from,
         )
-        if flush_every is None:
-            flush_every = self.path.flush_every
-        every = (
-            range(flush_every - 1, self.num_layers, flush_every)
-            if flush_every > 0
-            else ()
-        )
-        self._flush_taps = [self._tap(i) for i in every]
-        for t in self._flush_taps:
-            t._flush = True
+        self._flush_taps: List[Tap] = []
+        self.set_verify_flush(flush_every, flush_first)
         self.fitting = self.path.fit(self)
 
     # ---- structure -------------------------------------------------------------
@@ -242,6 +237,21 @@ class Target:
                 if not isinstance(la[name], Tap):
                     la[name] = Tap(la[name], keep_input=(name == "conv1d"))
             self.delta_taps[i] = DeltaTaps(la, la.conv1d, la.in_proj_a, la.in_proj_b)
+
+    def set_verify_flush(self, every: Optional[int] = None, first: Optional[int] = None):
+        """Which layers' outputs `forward(flush=True)` starts while it builds
+        the rest: after `first` layers, then every `every` (see __init__)."""
+        if every is None:
+            every = self.path.flush_every
+        first = every if first is None else first
+        if every < 0 or first < 0 or (every == 0) != (first == 0):
+            raise ValueError(f"verify flush every {every} from {first}: both 0 (off) or > 0")
+        for t in self._flush_taps:
+            t._flush = False
+        layers = range(first - 1, self.num_layers, every) if every > 0 else ()
+        self._flush_taps = [self._tap(i) for i in layers]
+        for t in self._flush_taps:
+            t._flush = True
 
     def set_block_linear(self, on: Optional[bool]):
         """Switch the linear kernel on or off (None: the default) for later

@@ -566,6 +566,35 @@ def test_cli_draft_flush_list_runs_an_arm_per_choice(tmp_path, monkeypatch):
         cli.main(["--draft-flush", "x,1", "--shape", "tiny-qwen3", "--draft", "engine"])
 
 
+def test_cli_verify_flush_list_runs_an_arm_per_choice(tmp_path, monkeypatch):
+    """`--verify-flush 0,2@1`: the engine arm once per choice, each run with
+    its schedule set on the target, both the target's own output; a choice
+    that is not E or E@F is a one-line error."""
+    from mlx_dflash.target import Target
+
+    seen = []
+    setter = Target.set_verify_flush
+
+    def spy(self, every=None, first=None):
+        setter(self, every, first)
+        seen.append((every, first))
+
+    monkeypatch.setattr(Target, "set_verify_flush", spy)
+    cli.main(
+        "--shape tiny-qwen3 --peaked --dtype float32 --draft engine --verify-flush 0,2@1 "
+        "--tau 3 --suites code --prompts-per-suite 1 --max-tokens 12 --repeats 1 "
+        f"--cooldown 0 --block-size 4 --no-profile --no-png --out {tmp_path / 'f'}".split()
+    )
+    arms = json.loads((tmp_path / "f.json").read_text())["cases"][0]["arms"]
+    assert list(arms) == ["engine τ=3 verify flush=0", "engine τ=3 verify flush=2@1"]
+    for arm in arms.values():
+        assert arm["token_match"]["equal_pct"] == 100.0
+    assert {(0, None), (2, 1)} <= set(seen)
+    for bad in ("x", "2@y", "2@", "0@2"):
+        with pytest.raises(SystemExit, match="--verify-flush"):
+            cli.main(["--verify-flush", bad, "--shape", "tiny-qwen3", "--draft", "engine"])
+
+
 def test_cli_quantize_needs_a_shape(capsys):
     with pytest.raises(SystemExit):
         cli.main(["--quantize", "4", "--draft", "lookup"])

@@ -18,9 +18,9 @@ BLOCK = mx.array([[7, 8, 9, 10, 11, 12]])
 def test_flushed_forward_is_the_same_forward(family):
     """async_eval every n layers while building changes nothing in the results."""
     runs = []
-    for flush_every, flush in ((0, False), (1, True), (2, True)):
+    for every, first, flush in ((0, None, False), (1, None, True), (2, None, True), (2, 1, True)):
         target = Target(
-            tiny_model(family), capture_layers=[0, 1], flush_every=flush_every
+            tiny_model(family), capture_layers=[0, 1], flush_every=every, flush_first=first
         )
         cache = target.make_cache()
         target.forward(PROMPT, cache, flush=flush)
@@ -29,6 +29,21 @@ def test_flushed_forward_is_the_same_forward(family):
     for logits, features in runs[1:]:
         assert np.array_equal(logits, runs[0][0])
         assert np.array_equal(features, runs[0][1])
+
+
+def test_verify_flush_schedule():
+    """The layers a flushed verify starts: after `first`, then every `every`;
+    switching the schedule leaves no earlier layer flushing; both or neither 0."""
+    target = Target(tiny_model("llama"), flush_every=2)
+    flushing = lambda: [i for i, l in enumerate(target.layers) if getattr(l, "_flush", False)]
+    n = target.num_layers
+    assert flushing() == list(range(1, n, 2))
+    target.set_verify_flush(2, 1)
+    assert flushing() == list(range(0, n, 2))
+    target.set_verify_flush(0)
+    assert flushing() == []
+    with pytest.raises(ValueError, match="both 0"):
+        target.set_verify_flush(2, 0)
 
 
 def test_flushed_draft_pass_is_the_same_pass():

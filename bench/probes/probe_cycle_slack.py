@@ -1,7 +1,7 @@
 """Probe: how much of a draft pass's device time a decode cycle waits on (issue #25).
 
     python bench/probes/probe_cycle_slack.py qwen3.6-27b [--quantize 4] [--draft-bits 0,4]
-        [--delays 0,0.5,1,2,4] [--rounds 3]
+        [--delays 0,0.5,1,2,4] [--rounds 3] [--verify-flush auto,4@1]
 
 On the 4-bit Qwen3.6-27B shape a 4-bit draft's pass measured 0.6 ms shorter
 than bf16's alone (1.8 vs 2.4 ms), yet the cycle took 26.3 ms with either
@@ -13,11 +13,12 @@ W x W (bf16) after the pass, which the drafted tokens depend on (so the
 verify waits for it). `rows` is set per requested delay from the matmul's
 own timed cost (`delay_ms`, the median of synced runs). The engine-mode
 decode (oracle tokens at tau 6.5, greedy, output checked against stock)
-then runs with each delay and draft in alternating rounds; one JSON line
-per run (`ms_per_cycle`), then per draft the median cycle at each delay
-and its growth over the smallest delay, none by default (`extra_ms`). A
-growth near 0 while the delay is below the slack, then near the delay's own
-slope, places the knee: how much device time a draft pass could spend
+then runs with each verify flush, draft and delay in alternating rounds; one
+JSON line per run (`ms_per_cycle`: decode time after the first token over
+cycles), then per flush and draft the median cycle at each delay and its
+growth over the smallest delay, none by default (`extra_ms`). A growth near
+0 while the delay is below the slack, then near the delay's own slope,
+places the knee: how much device time a draft pass could spend
 without the cycle noticing.
 """
 
@@ -31,21 +32,45 @@ import mlx.core as mx
 
 class Delayed:
     """A drafter whose proposals also wait for `rows` x W @ W x W on the
-    device (0 rows: none); everything else is the wrapped drafter's."""
+    device (0 rows: none); everything else is the wrapped drafter's.
+    `schedule` lists (rows, flush) taken in turn, one entry a proposal;
+    `set_flush(flush)` is called with an entry's flush before its proposal
+    (so the cycle's verify is built with it). `log` gets (entry,
+    perf_counter) as each proposal starts."""
 
-    def __init__(self, inner, a: mx.array, b: mx.array, rows: int):
-        self.inner, self.a, self.b, self.rows = inner, a, b, rows
+    def __init__(self, inner, a: mx.array, b: mx.array, schedule, set_flush):
+        self.inner, self.a, self.b = inner, a, b
+        self.schedule, self.set_flush = list(schedule), set_flush
+        self.log = []
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
     def propose(self, anchor, n):
+        entry = self.schedule[len(self.log) % len(self.schedule)]
+        rows, flush = entry
+        self.set_flush(flush)
+        self.log.append((entry, time.perf_counter()))
         drafted = self.inner.propose(anchor, n)
-        if not self.rows or drafted.size == 0:
+        if not rows or drafted.size == 0:
             return drafted
-        z = (self.a[: self.rows] @ self.b)[0, 0]
+        z = (self.a[:rows] @ self.b)[0, 0]
         # Always 0 (|z| is far below 1e30), but the tokens now depend on z.
         return drafted + (z > 1e30).astype(drafted.dtype)
+
+
+def paired(log, base):
+    """Per schedule entry: each cycle's time (from its proposal to the next)
+    less the time of the nearest earlier `base` cycle; slow drift of the host
+    cancels between neighbours."""
+    out, last = {}, None
+    for (entry, t0), (_, t1) in zip(log, log[1:]):
+        ms = (t1 - t0) * 1e3
+        if entry == base:
+            last = ms
+        elif last is not None:
+            out.setdefault(entry, []).append(ms - last)
+    return out
 
 
 def matmul_ms(a, b, rows: int, reps: int = 15) -> float:
@@ -86,12 +111,22 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument(
-        "--verify-flush", type=int, default=None,
-        help="start every n-th verify layer while the rest is built (default: "
-        "the backend's, 4 on CUDA); whether the verify's first launches reach "
+        "--verify-flush", default="auto",
+        help="comma list of E or E@F: a verify starts every E-th layer's output "
+        "while the rest is built, the first after F layers (default F = E; auto: "
+        "the backend's, every 4th on CUDA). Several alternate within each round, "
+        "as the drafts and delays do: whether the verify's first launches reach "
         "the device later than a short draft finishes",
     )
+    p.add_argument(
+        "--per-cycle", action="store_true",
+        help="the delays and verify flushes take turns cycle by cycle within each "
+        "run, each cycle compared with the nearest earlier one with no delay and "
+        "the first flush (host drift cancels); --delays must include 0",
+    )
     a = p.parse_args()
+    if a.per_cycle and 0 not in [float(x) for x in a.delays.split(",")]:
+        p.error("--per-cycle compares with the no-delay cycle: --delays must include 0")
     from mlx_lm.generate import generate_step as stock_step
 
     from mlx_dflash.bench.engine import make_engine_drafter
@@ -105,7 +140,8 @@ def main():
     model = build_target(
         a.shape, dtype=dtype, peaked=True, quantize=a.quantize or None
     )
-    target = Target(model, flush_every=a.verify_flush)
+    target = Target(model)
+    flushes = [_flush_spec(v, target.path.flush_every) for v in a.verify_flush.split(",")]
     vocab = PRESETS[a.shape][2] or target.vocab_size
     drafts = {}
     for bits in [int(x) for x in a.draft_bits.split(",")]:
@@ -126,50 +162,100 @@ def main():
     for d, (rows, ms) in delays.items():
         print(json.dumps({"delay_asked_ms": d, "rows": rows, "delay_ms": round(ms, 3)}))
 
-    def run(bits, rows):
+    def run(bits, schedule):
         stats = SpecStats(block_size=16)
         drafter = Delayed(
             make_engine_drafter(
                 drafts[bits], target, prompt + ref, tau=6.5, block_size=16,
                 vocab_size=vocab,
             ),
-            ma, mb, rows,
+            ma, mb, schedule, lambda f: target.set_verify_flush(*f),
         )
-        t0 = time.perf_counter()
-        out = [
-            t for t, _ in generate_step(
-                target, prompt, drafter, max_tokens=a.max_tokens, block_size=16,
-                stats=stats,
-            )
-        ]
-        seconds = time.perf_counter() - t0
-        assert out == ref, f"draft {bits}-bit, {rows} rows: output differs from stock"
-        return seconds * 1e3 / max(1, stats.cycles), stats
+        out, t_first = [], None
+        for t, _ in generate_step(
+            target, prompt, drafter, max_tokens=a.max_tokens, block_size=16,
+            stats=stats,
+        ):
+            out.append(t)
+            t_first = t_first or time.perf_counter()  # cycles only, no prefill
+        seconds = time.perf_counter() - t_first
+        assert out == ref, f"draft {bits}-bit, rows {schedule}: output differs from stock"
+        return seconds * 1e3 / max(1, stats.cycles), stats, drafter.log
 
-    arms = [(bits, d) for bits in drafts for d in delays]
-    for bits, d in arms:  # warm-up: every kernel and key length once
-        run(bits, delays[d][0])
+    if a.per_cycle:
+        return per_cycle(a, run, flushes, drafts, delays)
+    arms = [(f, bits, d) for f in flushes for bits in drafts for d in delays]
+    for f, bits, d in arms:  # warm-up: every kernel and key length once
+        run(bits, [(delays[d][0], f)])
     cycles = {arm: [] for arm in arms}
     for r in range(a.rounds):
-        for bits, d in arms if r % 2 == 0 else arms[::-1]:
-            ms, stats = run(bits, delays[d][0])
-            cycles[(bits, d)].append(ms)
+        for f, bits, d in arms if r % 2 == 0 else arms[::-1]:
+            ms, stats, _ = run(bits, [(delays[d][0], f)])
+            cycles[(f, bits, d)].append(ms)
             print(json.dumps({
                 "shape": a.shape, "round": r, "draft_bits": bits or 16,
-                "verify_flush": target.path.flush_every if a.verify_flush is None
-                else a.verify_flush,
+                "verify_flush": "%d@%d" % f,
                 "delay_ms": round(delays[d][1], 3), "ms_per_cycle": round(ms, 3),
                 "cycles": stats.cycles, "tau": round(stats.tau or 0.0, 3),
             }), flush=True)
-    for bits in drafts:
-        base = statistics.median(cycles[(bits, min(delays))])
-        for d in delays:
-            med = statistics.median(cycles[(bits, d)])
+    for f in flushes:
+        for bits in drafts:
+            base = statistics.median(cycles[(f, bits, min(delays))])
+            for d in delays:
+                med = statistics.median(cycles[(f, bits, d)])
+                print(json.dumps({
+                    "summary": a.shape, "verify_flush": "%d@%d" % f,
+                    "draft_bits": bits or 16,
+                    "delay_ms": round(delays[d][1], 3), "ms_per_cycle": round(med, 3),
+                    "extra_ms": round(med - base, 3),
+                }), flush=True)
+
+
+def per_cycle(a, run, flushes, drafts, delays):
+    """--per-cycle: every (delay, verify flush) takes its turn cycle by cycle
+    within each run (the turns' start shifted each round); per run and then
+    pooled over rounds, per entry the median of each cycle's time less the
+    nearest earlier cycle with no delay and the first flush (`extra_ms`, from
+    `paired`)."""
+    entries = [(delays[d][0], f) for f in flushes for d in delays]
+    base = (0, flushes[0])
+    timed = {r: ms for r, ms in delays.values()}
+    name = lambda e: "%g ms, flush %d@%d" % (round(timed[e[0]], 3), *e[1])
+    for bits in drafts:  # warm-up
+        run(bits, entries)
+    pooled = {bits: {} for bits in drafts}
+    for r in range(a.rounds):
+        for bits in list(drafts) if r % 2 == 0 else list(drafts)[::-1]:
+            turn = entries[r % len(entries):] + entries[: r % len(entries)]
+            ms, stats, log = run(bits, turn)
+            extra = paired(log, base)
+            for k, v in extra.items():
+                pooled[bits].setdefault(k, []).extend(v)
             print(json.dumps({
-                "summary": a.shape, "draft_bits": bits or 16,
-                "delay_ms": round(delays[d][1], 3), "ms_per_cycle": round(med, 3),
-                "extra_ms": round(med - base, 3),
+                "shape": a.shape, "round": r, "draft_bits": bits or 16,
+                "ms_per_cycle": round(ms, 3), "cycles": stats.cycles,
+                "tau": round(stats.tau or 0.0, 3),
+                "extra_ms": {name(k): round(statistics.median(v), 3) for k, v in extra.items()},
             }), flush=True)
+    for bits, extra in pooled.items():
+        for k in entries:
+            if k not in extra:
+                continue
+            v = extra[k]
+            q = statistics.quantiles(v, n=4) if len(v) > 1 else [v[0]] * 3
+            print(json.dumps({
+                "summary": a.shape, "per_cycle": True, "draft_bits": bits or 16,
+                "delay_ms": round(timed[k[0]], 3), "verify_flush": "%d@%d" % k[1],
+                "vs": name(base), "extra_ms": round(statistics.median(v), 3),
+                "quartiles": [round(q[0], 3), round(q[2], 3)], "pairs": len(v),
+            }), flush=True)
+
+
+def _flush_spec(spec: str, default: int):
+    """"E" or "E@F" (or "auto": the backend's E) as (every, first)."""
+    every, _, first = spec.partition("@")
+    every = default if every == "auto" else int(every)
+    return every, int(first) if first else every
 
 
 if __name__ == "__main__":

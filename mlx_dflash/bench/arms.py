@@ -69,6 +69,18 @@ def _every(choice: str, flag: str = "--draft-flush"):
     return int(choice)
 
 
+def _flush(choice: str, flag: str = "--verify-flush"):
+    """auto, E or E@F as `Target.set_verify_flush`'s (every, first)."""
+    every, at, first = choice.partition("@")
+    if choice == "auto":
+        return None, None
+    if not every.isdigit() or not (first.isdigit() or not at):
+        raise SystemExit(f"{flag}: {choice!r} is not auto, E or E@F (layer counts)")
+    if at and (int(every) == 0) != (int(first) == 0):
+        raise SystemExit(f"{flag}: {choice!r}: E and F are both 0 (off) or both more")
+    return int(every), int(first) if at else None
+
+
 def _kernels(args) -> dict:
     """The Target kernel switches the first choice of each flag sets."""
     return dict(
@@ -140,6 +152,7 @@ def make_arms(args, target, vocab, make_draft):
     flush = _every(args.draft_flush[0])
     if flush is not None:  # one choice, set once (a list alternates below)
         target.set_draft_flush(flush)
+    target.set_verify_flush(*_flush(args.verify_flush[0]))
     arms = []
     block = block_size_for(args.block_size, None)  # lookup and engine arms
     for spec in args.draft:
@@ -183,6 +196,13 @@ def make_arms(args, target, vocab, make_draft):
             _on,
         ),
         ("--draft-flush", "draft flush", args.draft_flush, target.set_draft_flush, _every),
+        (
+            "--verify-flush",
+            "verify flush",
+            args.verify_flush,
+            lambda f: target.set_verify_flush(*f),
+            _flush,
+        ),
     ]:
         if len(choices) > 1:
             arms = [

@@ -199,6 +199,15 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "runs every arm once per choice, as --block-linear does",
     )
     p.add_argument(
+        "--verify-flush",
+        type=_names,
+        default=["auto"],
+        help="a verify pass starts every E-th layer's output while the rest is built: "
+        "auto (every 4th on CUDA, off elsewhere), E (0: off) or E@F (the first start "
+        "after F layers, then every E-th); a comma list runs every arm once per "
+        "choice, as --block-linear does",
+    )
+    p.add_argument(
         "--no-profile", action="store_true", help="skip the per-part cycle profile"
     )
     p.add_argument(
