@@ -10,8 +10,10 @@
 #                                         (pip install --no-deps dflash==0.1.0 first)
 #   bash bench/scripts/gpu_quant.sh cuda  the whole GPU suite (pytest -m cuda), log in $OUT
 #   bash bench/scripts/gpu_quant.sh slack how much extra device time a draft pass takes before the
-#                                         cycle grows (probe_cycle_slack.py, 27B then 8B shape, 4-bit;
-#                                         EXTRA="--verify-flush 1" TAG=-vf1: the verify started layer by layer)
+#                                         cycle grows (probe_cycle_slack.py --per-cycle on each of SHAPES,
+#                                         default the 27B, 8B and 9B shapes, 4-bit; REPEATS rounds; delays and
+#                                         the verify flushes auto, 4@1 and 1 take turns cycle by cycle; EXTRA
+#                                         adds probe flags, e.g. EXTRA="--max-tokens 1024 --delays 0,0.5,1,2")
 # EXTRA adds bench flags to the 8b / 9b / 27b runs, e.g. EXTRA="--draft-flush 0,1" TAG=-flush (draft
 # passes flushed and not, alternating within each case).
 # VIA runs the 8b / 9b benches through a 4-bit kernel variant not yet in matmul.py, TAG names it:
@@ -36,9 +38,10 @@ for what in "$@"; do
       --no-png --out $out/$gpu-default-pair-zlab
     ;;
   slack)
-    for shape in qwen3.6-27b qwen3-8b; do
-      timeout ${SECONDS_EACH:-200} python3 bench/probes/probe_cycle_slack.py $shape --rounds ${REPEATS:-3} ${EXTRA:-} \
-        | tee $out/$gpu-probe-cycle-slack-${shape/./_}${TAG:-}.jsonl
+    for shape in ${SHAPES:-qwen3.6-27b qwen3-8b qwen3.5-9b}; do
+      timeout ${SECONDS_EACH:-200} python3 bench/probes/probe_cycle_slack.py $shape --per-cycle \
+        --rounds ${REPEATS:-4} --verify-flush auto,4@1,1 ${EXTRA:-} \
+        | tee $out/$gpu-probe-cycle-slack-percycle-${shape/./_}${TAG:-}.jsonl
     done
     ;;
   cuda)
