@@ -538,6 +538,20 @@ def test_cli_draft_quantize_list_runs_an_arm_per_choice(tmp_path):
         cli.main(["--draft-quantize", "3", "--draft", "lookup"])
 
 
+def _engine_arms_per_choice(tmp_path, flag: str, choices: str, label: str):
+    """A tiny engine-mode bench with `flag choices`: one arm per choice, named
+    after it, each the target's own output."""
+    cli.main(
+        f"--shape tiny-qwen3 --peaked --dtype float32 --draft engine {flag} {choices} "
+        "--tau 3 --suites code --prompts-per-suite 1 --max-tokens 12 --repeats 1 "
+        f"--cooldown 0 --block-size 4 --no-profile --no-png --out {tmp_path / 'f'}".split()
+    )
+    arms = json.loads((tmp_path / "f.json").read_text())["cases"][0]["arms"]
+    assert list(arms) == [f"engine τ=3 {label}={c}" for c in choices.split(",")]
+    for arm in arms.values():
+        assert arm["token_match"]["equal_pct"] == 100.0
+
+
 def test_cli_draft_flush_list_runs_an_arm_per_choice(tmp_path, monkeypatch):
     """`--draft-flush 0,1`: the engine arm once per choice in the same run,
     each drafter made with its choice, both the target's own output; and a
@@ -552,15 +566,7 @@ def test_cli_draft_flush_list_runs_an_arm_per_choice(tmp_path, monkeypatch):
         made.append(self.flush_every)
 
     monkeypatch.setattr(DFlashDrafter, "__init__", spy)
-    cli.main(
-        "--shape tiny-qwen3 --peaked --dtype float32 --draft engine --draft-flush 0,1 "
-        "--tau 3 --suites code --prompts-per-suite 1 --max-tokens 12 --repeats 1 "
-        f"--cooldown 0 --block-size 4 --no-profile --no-png --out {tmp_path / 'f'}".split()
-    )
-    arms = json.loads((tmp_path / "f.json").read_text())["cases"][0]["arms"]
-    assert list(arms) == ["engine τ=3 draft flush=0", "engine τ=3 draft flush=1"]
-    for arm in arms.values():
-        assert arm["token_match"]["equal_pct"] == 100.0
+    _engine_arms_per_choice(tmp_path, "--draft-flush", "0,1", "draft flush")
     assert {0, 1} <= set(made)
     with pytest.raises(SystemExit):
         cli.main(["--draft-flush", "x,1", "--shape", "tiny-qwen3", "--draft", "engine"])
@@ -580,15 +586,7 @@ def test_cli_verify_flush_list_runs_an_arm_per_choice(tmp_path, monkeypatch):
         seen.append((every, first))
 
     monkeypatch.setattr(Target, "set_verify_flush", spy)
-    cli.main(
-        "--shape tiny-qwen3 --peaked --dtype float32 --draft engine --verify-flush 0,2@1 "
-        "--tau 3 --suites code --prompts-per-suite 1 --max-tokens 12 --repeats 1 "
-        f"--cooldown 0 --block-size 4 --no-profile --no-png --out {tmp_path / 'f'}".split()
-    )
-    arms = json.loads((tmp_path / "f.json").read_text())["cases"][0]["arms"]
-    assert list(arms) == ["engine τ=3 verify flush=0", "engine τ=3 verify flush=2@1"]
-    for arm in arms.values():
-        assert arm["token_match"]["equal_pct"] == 100.0
+    _engine_arms_per_choice(tmp_path, "--verify-flush", "0,2@1", "verify flush")
     assert {(0, None), (2, 1)} <= set(seen)
     for bad in ("x", "2@y", "2@", "0@2"):
         with pytest.raises(SystemExit, match="--verify-flush"):
