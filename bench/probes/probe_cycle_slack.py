@@ -132,16 +132,18 @@ def main():
     from mlx_dflash.bench.engine import make_engine_drafter
     from mlx_dflash.bench.shapes import PRESETS, build_draft, build_target
     from mlx_dflash.decode import generate_step
+    from mlx_dflash.kernels import BlockPath
     from mlx_dflash.load import quantize_draft
     from mlx_dflash.stats import SpecStats
     from mlx_dflash.target import Target
 
+    path = BlockPath.choose()  # the Target's, chosen before a bad flag costs a build
+    flushes = [_flush_spec(v, path.flush_every) for v in a.verify_flush.split(",")]
     dtype = getattr(mx, a.dtype)
     model = build_target(
         a.shape, dtype=dtype, peaked=True, quantize=a.quantize or None
     )
-    target = Target(model)
-    flushes = [_flush_spec(v, target.path.flush_every) for v in a.verify_flush.split(",")]
+    target = Target(model, block_path=path)
     vocab = PRESETS[a.shape][2] or target.vocab_size
     drafts = {}
     for bits in [int(x) for x in a.draft_bits.split(",")]:
@@ -252,10 +254,13 @@ def per_cycle(a, run, flushes, drafts, delays):
 
 
 def _flush_spec(spec: str, default: int):
-    """"E" or "E@F" (or "auto": the backend's E) as (every, first)."""
-    every, _, first = spec.partition("@")
-    every = default if every == "auto" else int(every)
-    return every, int(first) if first else every
+    """The bench's --verify-flush choice (auto, E or E@F) as (every, first),
+    auto's E the backend's `default`: the values a run is labelled with."""
+    from mlx_dflash.bench.arms import verify_flush_choice
+
+    every, first = verify_flush_choice(spec)
+    every = default if every is None else every
+    return every, every if first is None else first
 
 
 if __name__ == "__main__":

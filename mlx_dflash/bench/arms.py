@@ -69,7 +69,7 @@ def _every(choice: str, flag: str = "--draft-flush"):
     return int(choice)
 
 
-def _flush(choice: str, flag: str = "--verify-flush"):
+def verify_flush_choice(choice: str, flag: str = "--verify-flush"):
     """auto, E or E@F as `Target.set_verify_flush`'s (every, first)."""
     every, at, first = choice.partition("@")
     if choice == "auto":
@@ -152,7 +152,7 @@ def make_arms(args, target, vocab, make_draft):
     flush = _every(args.draft_flush[0])
     if flush is not None:  # one choice, set once (a list alternates below)
         target.set_draft_flush(flush)
-    target.set_verify_flush(*_flush(args.verify_flush[0]))
+    target.set_verify_flush(*verify_flush_choice(args.verify_flush[0]))
     arms = []
     block = block_size_for(args.block_size, None)  # lookup and engine arms
     for spec in args.draft:
@@ -201,7 +201,7 @@ def make_arms(args, target, vocab, make_draft):
             "verify flush",
             args.verify_flush,
             lambda f: target.set_verify_flush(*f),
-            _flush,
+            verify_flush_choice,
         ),
     ]:
         if len(choices) > 1:
