@@ -304,3 +304,41 @@ def test_evaluate_runs_every_suite_in_order_and_skips_past_its_budget():
     a.eval_time_budget, a.eval_sets = 0.0, {"natural", "old"}
     r = evaluate(target, draft, tok, a)  # the first suite always runs
     assert "greedy" in r["natural"] and r["skipped"] == ["natural/T1.0", "natural/T0.7", "old/greedy"]
+
+
+def test_request_prefix_is_the_template_up_to_a_user_turn():
+    from mlx_dflash.train.self_requests import request_prefix
+
+    tok = make_tokenizer()
+    head = request_prefix(tok)
+    whole = encode_messages(tok, [{"role": "user", "content": "Solve 2x = 4"}])
+    assert whole[: len(head)] == head and len(head) < len(whole)
+    assert tok.decode(request_prefix(tok, "Solve")[len(head):]) == "Solve"
+
+
+def test_self_requests_keep_whole_distinct_turns_seeded_and_apart_from_held_out():
+    from mlx_dflash.train.self_requests import STARTS, self_requests
+
+    tok = make_tokenizer()
+    target = Target(chat_model("llama", len(tok)))
+    # The random model rarely writes the end of turn: stopping on any letter
+    # ends turns within a few tokens, so what is kept can be checked.
+    stops = [tok.convert_tokens_to_ids(c) for c in "abcdefghijklmnopqrstuvwxyz"]
+    kw = dict(seed=5, max_tokens=24, stop_tokens=stops, min_chars=1)
+    got = self_requests(target, tok, 40, **kw)
+    assert got == self_requests(target, tok, 40, **kw)
+    assert 0 < len(got) <= 40 and len({p.text for p in got}) == len(got)
+    starts = {f"self_{c}": [] for c, _ in STARTS}
+    for c, s in STARTS:
+        starts[f"self_{c}"].append(s.strip())
+    for p in got:
+        start = max((s for s in starts[p.kind] if p.text.startswith(s)), key=len, default=None)
+        assert start is not None
+        # The turn ends at its first stop token, which is not part of the text.
+        assert not set(p.text[len(start):]) & set("abcdefghijklmnopqrstuvwxyz")
+    # Turns cut at max_tokens are dropped; so are those sharing 10 words with held-out ones.
+    assert self_requests(target, tok, 40, **{**kw, "stop_tokens": []}) == []
+    held = [Prompt(p.text, "chat") for p in got]
+    assert self_requests(target, tok, 40, held_out=held, **kw) == [
+        p for p in got if len(p.text.split()) < 10
+    ]

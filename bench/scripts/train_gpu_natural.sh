@@ -12,7 +12,8 @@
 # call 1 (~525 s): the target answers the prompts (<= GEN_SECONDS: NATURAL natural requests,
 #   WIDE of the old 'wide' prompts, LONG agent transcripts of LONG_TOKENS tokens; a SAMPLED
 #   share at T 1.0, the rest greedy; <= 256 new tokens; SEED picks the prompts, PIECES the
-#   version of the pieces the natural requests are composed from: --natural-pieces), then
+#   version of the pieces the natural requests are composed from: --natural-pieces; SELF
+#   requests the target writes itself at SELF_TEMP, answered with the rest: --self-requests), then
 #   fine-tuning from INIT starts and runs until CALL_SECONDS after the call began (checkpoint
 #   every 200 steps; SOFT > 0 weighs in the target's own top-SOFT_K distributions, --soft-labels;
 #   GROW=N appends layers to INIT's up to N, starting as INIT's function, --grow-layers;
@@ -90,6 +91,7 @@ generate() {
   # Recorded mix: 14k natural + 4k wide + 1.2k long transcripts, a quarter sampled at T 1.0.
   $PYTHON -m mlx_dflash.cli --blas "$BLAS" train "${common[@]}" --out "$run/gen" --gen-only \
     --natural-prompts "${NATURAL:-14000}" --wide-prompts "${WIDE:-4000}" --long-prompts "${LONG:-1200}" \
+    --self-requests "${SELF:-0}" --self-temperature "${SELF_TEMP:-0.8}" \
     --long-tokens "${LONG_TOKENS:-1024,7552}" --sampled-share "${SAMPLED:-0.25}" --sample-temperature 1.0 \
     --gen-batch "${GEN_BATCH:-1024}" --gen-batch-tokens "${GEN_TOKENS:-786432}" \
     --gen-time-budget "$GEN_SECONDS" 2>&1 | tee "$out/gen.log"

@@ -115,6 +115,16 @@ def build_parser(parser=None):
         "--long-prompts", type=int, default=1000, help="natural set: long agent transcripts"
     )
     p.add_argument(
+        "--self-requests",
+        type=int,
+        default=0,
+        metavar="N",
+        help="natural set: also N user requests the target writes itself, sampled "
+        "from its chat template at --self-temperature (self_requests.py), then "
+        "answered like the rest; their generation counts against --gen-time-budget",
+    )
+    p.add_argument("--self-temperature", type=float, default=0.8)
+    p.add_argument(
         "--long-tokens",
         default="1024,7552",
         metavar="MIN,MAX",
@@ -335,6 +345,28 @@ def training_prompts(tokenizer, a, seed):
     )
 
 
+def written_requests(target, tokenizer, a):
+    """(`--self-requests` requests the target writes, seconds that took);
+    at most a third of `--gen-time-budget` is spent on them."""
+    from .evaluate import natural_held_out
+    from .self_requests import self_requests
+
+    t0 = time.perf_counter()
+    own = self_requests(
+        target,
+        tokenizer,
+        a.self_requests,
+        seed=a.seed,
+        temperature=a.self_temperature,
+        batch_size=a.gen_batch,
+        time_budget=a.gen_time_budget and a.gen_time_budget / 3,
+        held_out=natural_held_out(),
+    )
+    spent = round(time.perf_counter() - t0, 1)
+    print(f"self requests: {len(own)} of {a.self_requests} kept, {spent}s", file=sys.stderr)
+    return own, spent
+
+
 def _check_inputs(a):
     """Fail on bad arguments before the target is loaded."""
     if a.gen_shard:
@@ -360,6 +392,11 @@ def _check_inputs(a):
         lo, hi = 0, -1
     if not 0 < lo <= hi:
         raise SystemExit(f"error: --long-tokens {a.long_tokens}: need MIN,MAX with 0 < MIN <= MAX")
+    if a.self_requests < 0 or a.self_temperature <= 0:
+        raise SystemExit(
+            f"error: --self-requests {a.self_requests} / --self-temperature "
+            f"{a.self_temperature}: need N >= 0 and T > 0"
+        )
     if not 0 <= a.sampled_share <= 1:
         raise SystemExit(f"error: --sampled-share {a.sampled_share}: need 0 <= F <= 1")
     if not 0 <= a.soft_labels <= 1:
@@ -406,6 +443,12 @@ def main(argv=None):
             train_prompts = training_prompts(tokenizer, a, targs.seed)
             if a.num_prompts:
                 train_prompts = train_prompts[: a.num_prompts]
+            if a.prompt_set == "natural" and a.self_requests:
+                own, spent = written_requests(target, tokenizer, a)
+                train_prompts += own
+                report.update(self_requests=len(own), self_request_seconds=spent)
+                if a.gen_time_budget:
+                    a.gen_time_budget = max(a.gen_time_budget - spent, 1.0)
             data, seconds = _answer_missing(target, tokenizer, train_prompts, reused, a)
             report["generate_seconds"] = seconds
         data.save(data_path)
