@@ -464,6 +464,8 @@ def test_cli_sharded_extended_data_and_init(tmp_path):
         (["--data", str(tmp_path / "none.npz")], "no such file"),
         (["--init", str(tmp_path)], "no config.json"),
         (["--grow-layers", "3"], "needs --init"),
+        (["--self-requests", "4"], "needs --prompt-set natural"),
+        (["--self-requests", "-1"], "need N >= 0"),
     ):
         with pytest.raises(SystemExit, match=words):
             main(common + ["--out", str(tmp_path / "bad")] + bad)

@@ -397,6 +397,10 @@ def _check_inputs(a):
             f"error: --self-requests {a.self_requests} / --self-temperature "
             f"{a.self_temperature}: need N >= 0 and T > 0"
         )
+    if a.self_requests and a.prompt_set != "natural":
+        raise SystemExit(
+            f"error: --self-requests {a.self_requests}: needs --prompt-set natural"
+        )
     if not 0 <= a.sampled_share <= 1:
         raise SystemExit(f"error: --sampled-share {a.sampled_share}: need 0 <= F <= 1")
     if not 0 <= a.soft_labels <= 1:
@@ -443,7 +447,7 @@ def main(argv=None):
             train_prompts = training_prompts(tokenizer, a, targs.seed)
             if a.num_prompts:
                 train_prompts = train_prompts[: a.num_prompts]
-            if a.prompt_set == "natural" and a.self_requests:
+            if a.self_requests:
                 own, spent = written_requests(target, tokenizer, a)
                 train_prompts += own
                 report.update(self_requests=len(own), self_request_seconds=spent)

@@ -79,8 +79,9 @@ def self_requests(
 
     A turn counts only if the target ends it (a stop token: the template's
     end of turn, by default the tokenizer's end ids) within `max_tokens`
-    and with no special token before it (a template's marks); turns shorter than `min_chars`, repeated, or sharing a 10-word run with
-    a `held_out` prompt are dropped.
+    and with no special token before it (a template's marks); turns shorter
+    than `min_chars`, repeated, or sharing a 10-word run with a `held_out`
+    prompt are dropped.
     """
     from .natural import shared_spans
 
