@@ -342,3 +342,29 @@ def test_self_requests_keep_whole_distinct_turns_seeded_and_apart_from_held_out(
     assert self_requests(target, tok, 40, held_out=held, **kw) == [
         p for p in got if len(p.text.split()) < 10
     ]
+
+
+def test_self_requests_keep_the_space_a_sentencepiece_decoder_drops():
+    from mlx_dflash.train.self_requests import STARTS, self_requests
+
+    class LeadingSpaceDropped:
+        """A SentencePiece-like decode: the space starting the first piece is dropped."""
+
+        def __init__(self, tok):
+            self._tok = tok
+
+        def __getattr__(self, name):
+            return getattr(self._tok, name)
+
+        def decode(self, ids):
+            return self._tok.decode(ids).lstrip(" ")
+
+    tok = make_tokenizer()
+    target = Target(chat_model("llama", len(tok)))
+    stops = [tok.convert_tokens_to_ids(c) for c in "abcdefghijklmnopqrstuvwxyz"]
+    # Seed 19 draws a turn that goes on from its opening words with a space.
+    kw = dict(seed=19, max_tokens=24, stop_tokens=stops, min_chars=1)
+    got = self_requests(target, tok, 40, **kw)
+    assert any(p.text.startswith(s + " ") for p in got for _, s in STARTS if s)
+    assert self_requests(target, LeadingSpaceDropped(tok), 40, **kw) == got
+

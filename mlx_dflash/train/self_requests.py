@@ -105,6 +105,7 @@ def self_requests(
     category = {s: c for c, s in STARTS}
     specials = {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
     start_of = {tuple(p): s for s, p in prefixes.items()}
+    head = tokenizer.decode(request_prefix(tokenizer))
     out, seen = [], set()
     for i in range(len(data)):
         seq = data.sequence(i).tolist()
@@ -113,7 +114,11 @@ def self_requests(
         if not turn or turn[-1] not in stops or specials & set(turn[:-1]):
             continue  # cut at max_tokens, or running into another turn: not one request
         start = start_of[tuple(seq[:plen])]
-        text = (start + tokenizer.decode(turn[:-1])).strip()
+        # Decoded with the template before it: a SentencePiece decoder drops
+        # the space that starts a piece decoded on its own ("that" + "the").
+        whole = tokenizer.decode(seq[:-1])
+        turn_text = whole[len(head) :] if whole.startswith(head) else start + tokenizer.decode(turn[:-1])
+        text = turn_text.strip()
         if len(text) < min_chars or text in seen:
             continue
         seen.add(text)
