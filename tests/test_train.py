@@ -425,7 +425,9 @@ def test_cli_sharded_extended_data_and_init(tmp_path):
         d = Dataset.load(tmp_path / out / "data.npz")
         return sorted(tuple(d.sequence(i).tolist()) for i in range(len(d)))
 
-    run("all")
+    report = run("all")
+    assert json.loads((tmp_path / "all" / "report.json").read_text()) == report
+    assert report["sequences"] == len(seqs("all")) and report["generate_seconds"] > 0
     run("s0", "--gen-shard", "0/2")
     run("s1", "--gen-shard", "1/2")
     assert 0 < len(seqs("s0")) < len(seqs("all"))

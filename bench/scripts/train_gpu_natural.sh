@@ -27,7 +27,7 @@
 #   at 1k / 4k / 7.9k tokens (SmolLM2's context is 8192: no 16k), the old list; suites that
 #   would start after the eval's budget are listed as skipped. Then $OUT gets
 #   model.safetensors in <16 MiB parts (rejoin: cat model.safetensors.part-* >
-#   mlx_dflash/default_draft/model.safetensors), config.json, eval.json, run.tar (report,
+#   mlx_dflash/default_draft/model.safetensors), config.json, eval.json, run.tar (reports,
 #   logs) and the generated data in parts (data.npz.part-*). If call 1 dies mid-training, call 2 resumes from the last checkpoint.
 #
 # Or ONE call: `... GGUF once` generates, trains until PACK_SECONDS + 25 s before CALL_SECONDS
@@ -99,8 +99,9 @@ generate() {
 
 pack() {
   cp "$run/draft/config.json" "$out/"
-  cp "$run/draft/report.json" "$run/gen/report.json" "$out/" 2>/dev/null || true
-  (cd "$out" && tar cf run.tar --remove-files ./*.log ./report.json 2>/dev/null || true)
+  cp "$run/draft/report.json" "$out/" 2>/dev/null || true
+  cp "$run/gen/report.json" "$out/gen-report.json" 2>/dev/null || true
+  (cd "$out" && tar cf run.tar --remove-files ./*.log ./report.json $(ls ./gen-report.json 2>/dev/null) 2>/dev/null || true)
   split -b 15M "$run/draft/model.safetensors" "$out/model.safetensors.part-"
   # The generated data too (its own, not a linked one), so that a machine gone cold loses
   # neither the draft vocabulary's source nor a draw a later stage could train on again

@@ -54,7 +54,7 @@ def build_parser(parser=None):
     p.add_argument(
         "--gen-only",
         action="store_true",
-        help="stop once the data set (DIR/data.npz) is written",
+        help="stop once the data set (DIR/data.npz) and DIR/report.json are written",
     )
     p.add_argument(
         "--eval-only",
@@ -462,7 +462,7 @@ def main(argv=None):
         file=sys.stderr,
     )
     if a.gen_only:
-        return report
+        return _save_report(out, report, t0)
     if len(data) == 0:
         # Generation that produced nothing (its time budget spent on loading, say).
         raise SystemExit(f"error: {data_path}: no training sequences (generate more first)")
@@ -518,6 +518,12 @@ def main(argv=None):
         )
     elif a.eval_prompts:
         report["held_out"] = held_out_tau(target, tokenizer, draft, a)
+    return _save_report(out, report, t0)
+
+
+def _save_report(out: Path, report: dict, t0: float) -> dict:
+    """DIR/report.json: the command, the data (and the generation's time and
+    self-written requests), the training's history; `report` returned."""
     report["total_seconds"] = round(time.perf_counter() - t0, 1)
     with open(out / "report.json", "w") as f:
         json.dump(report, f, indent=1)
