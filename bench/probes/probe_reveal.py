@@ -43,10 +43,9 @@ from mlx_dflash.train.objective import draft_blocks_forward, make_blocks  # noqa
 from mlx_dflash.train.prompts import encode_prompt  # noqa: E402
 from mlx_dflash.train.trainer import (  # noqa: E402
     TrainArgs,
-    batch_rows,
     dense_head,
-    make_batch,
-    target_features,
+    every_position_batches,
+    walk_cycles,
 )
 
 
@@ -87,23 +86,16 @@ def main():
     )
     print(f"answers: {len(data)}, {data.response_tokens()} tokens, "
           f"{time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
-    args = TrainArgs(batch_size=2, batch_tokens=1024, max_len=8192, anchors=1 << 30)
+    args = TrainArgs(batch_size=2, batch_tokens=1024, max_len=8192)
     arms = ["one_pass", "oracle"] + [f"threshold_{t}" for t in thresholds]
     totals = {a: [0, 0] for a in arms}  # tokens, cycles
-    rng = np.random.default_rng(0)
-    pos = 0
-    while pos < len(data):
-        idx = np.arange(pos, min(pos + args.batch_size, len(data)))
-        idx = idx[: batch_rows(data, idx, args)]
-        pos += len(idx)
-        tokens, lengths, anchors, real, _ = make_batch(data, idx, args, rng)
-        feats = target_features(target, tokens)
+    done = 0
+    for idx, (tokens, lengths, anchors, real, _), feats in every_position_batches(target, data, args):
         ids, labels, lpos = make_blocks(tokens, anchors, B, mask_id)
         valid = np.array((lpos < lengths[:, None, None]) & real[:, :, None])
         labels_np, ids_np = np.array(labels), np.array(ids)
         pred1, prob1 = predict(draft, target, head, ids, feats, anchors)
-        ok1 = (pred1 == labels_np) & valid
-        run1 = leading(ok1)
+        run1 = leading((pred1 == labels_np) & valid)
         k = np.arange(1, B)[None, None, :]  # block position of each label
         runs = {"one_pass": run1}
         # Oracle: the true tokens at 1 .. run1, pass 2 after them.
@@ -118,17 +110,12 @@ def main():
             pred2, _ = predict(draft, target, head, mx.array(filled), feats, anchors)
             final = np.where(k <= r[..., None], pred1, pred2)
             runs[f"threshold_{t}"] = leading((final == labels_np) & valid)
-        for row, i in enumerate(idx):  # walk the cycles as estimate_tau does
-            first = int(data.prompt_lens[i])
-            end = min(len(data.sequence(i)), args.max_len)
-            for arm, run in runs.items():
-                p, n, c = first, 0, 0
-                while p <= end - 2:
-                    take = min(int(run[row, p - first]) + 1, end - 1 - p)
-                    n, c, p = n + take, c + 1, p + take
+        for arm, run in runs.items():
+            for n, c in walk_cycles(run, data, idx, args.max_len):
                 totals[arm][0] += n
                 totals[arm][1] += c
-        print(f"{pos}/{len(data)} " + " ".join(
+        done += len(idx)
+        print(f"{done}/{len(data)} " + " ".join(
             f"{a} {n / max(c, 1):.3f}" for a, (n, c) in totals.items()),
             file=sys.stderr, flush=True)
     print(json.dumps({

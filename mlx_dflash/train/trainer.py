@@ -233,6 +233,38 @@ def batch_rows(data: Dataset, idx: np.ndarray, args: TrainArgs) -> int:
     return max(1, int(fits.sum()))  # a prefix: the product only grows
 
 
+def every_position_batches(target, data: Dataset, args: TrainArgs):
+    """`data` in order as `make_batch` batches with a block anchored at every
+    response position: yields (idx, (tokens, lengths, anchors, real, rows),
+    target features)."""
+    args = replace(args, anchors=1 << 30)
+    rng = np.random.default_rng(0)  # unused: all positions are anchors
+    pos = 0
+    while pos < len(data):
+        idx = np.arange(pos, min(pos + args.batch_size, len(data)))
+        idx = idx[: batch_rows(data, idx, args)]
+        pos += len(idx)
+        batch = make_batch(data, idx, args, rng)
+        yield idx, batch, target_features(target, batch[0])
+
+
+def walk_cycles(runs: np.ndarray, data: Dataset, idx, max_len: int) -> list:
+    """[(tokens, cycles)] of greedy decodes of `idx`'s answers, row r of `runs`
+    holding the correct run of the block anchored at each response position
+    of idx[r], in order: a cycle anchored at p keeps its run plus the bonus
+    token, and the next is anchored after them (no bonus past the end)."""
+    out = []
+    for r, i in enumerate(idx):
+        first = int(data.prompt_lens[i])
+        end = min(len(data.sequence(i)), max_len)  # as make_batch truncates
+        p, tokens, cycles = first, 0, 0
+        while p <= end - 2:  # a cycle needs a token after its anchor
+            take = min(int(runs[r, p - first]) + 1, end - 1 - p)
+            tokens, cycles, p = tokens + take, cycles + 1, p + take
+        out.append((tokens, cycles))
+    return out
+
+
 def estimate_tau(draft: DFlashDraft, target, data: Dataset, args: TrainArgs, *, head=None) -> dict:
     """Greedy decoding's tau of `draft` on `data`'s answers, from one
     teacher-forced pass instead of a decode.
@@ -249,34 +281,18 @@ def estimate_tau(draft: DFlashDraft, target, data: Dataset, args: TrainArgs, *, 
     Returns {"tau_est", "loss", "first": first-position accuracy over every
     position, "cycles", "per_sequence": [(tokens, cycles)] in `data`'s order}.
     """
-    args = replace(args, anchors=1 << 30)  # every response position
     gamma = args.gamma or default_gamma(args.block_size)
     head = head or dense_head(target, draft.dtype)
-    rng = np.random.default_rng(0)  # unused: all positions are anchors
     loss = weight = correct = valid = 0.0
     per_sequence = []
-    pos = 0
-    while pos < len(data):
-        idx = np.arange(pos, min(pos + args.batch_size, len(data)))
-        idx = idx[: batch_rows(data, idx, args)]
-        pos += len(idx)
-        tok, lengths, anc, real, rows = make_batch(data, idx, args, rng)
-        feats = target_features(target, tok)
+    for idx, (tok, lengths, anc, real, rows), feats in every_position_batches(target, data, args):
         batch_loss, st = block_loss(
             draft, target, tok, lengths, feats, anc, real, gamma=gamma, rows=rows, head=head
         )
         n = st["blocks"].item()
         loss, weight = loss + batch_loss.item() * n, weight + n
         correct, valid = correct + st["correct"][0].item(), valid + st["valid"][0].item()
-        runs = np.array(st["run"])  # row r's anchors: its response positions in order
-        for r, i in enumerate(idx):
-            first = int(data.prompt_lens[i])
-            end = min(len(data.sequence(i)), args.max_len)  # as make_batch truncates
-            p, tokens, cycles = first, 0, 0
-            while p <= end - 2:  # a cycle needs a token after its anchor
-                take = min(int(runs[r, p - first]) + 1, end - 1 - p)  # no bonus past the end
-                tokens, cycles, p = tokens + take, cycles + 1, p + take
-            per_sequence.append((tokens, cycles))
+        per_sequence += walk_cycles(np.array(st["run"]), data, idx, args.max_len)
     tokens, cycles = (sum(x) for x in zip(*per_sequence)) if per_sequence else (0, 0)
     return {
         "tau_est": tokens / max(cycles, 1),
