@@ -482,7 +482,7 @@ def test_tau_estimate_equals_decoded_greedy_tau(tmp_path):
     and after training (partial acceptance, the answer's end mid-block)."""
     from dataclasses import replace
 
-    from mlx_dflash.train.trainer import estimate_tau, evaluate_tau
+    from mlx_dflash.train.trainer import estimate_tau, evaluate_tau, tau_by
 
     target, draft = _setup(4, layers=1)
     data = _tiny_data(target)
@@ -498,6 +498,8 @@ def test_tau_estimate_equals_decoded_greedy_tau(tmp_path):
         assert identical
         assert est["tau_est"] == stats.tau and est["cycles"] == stats.cycles
         assert [t / c for t, c in est["per_sequence"]] == per_prompt
+        # Pooled by key (a probe's categories) as the estimate pools them all.
+        assert tau_by(["all"] * len(data), est["per_sequence"]) == {"all": round(stats.tau, 3)}
         taus.append(est["tau_est"])
     assert taus[1] > taus[0]
     # Sequences past --max-len are walked as training truncates them.

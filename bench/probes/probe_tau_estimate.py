@@ -22,17 +22,15 @@ import mlx.core as mx  # noqa: E402
 from mlx_dflash.draft import load_draft  # noqa: E402
 from mlx_dflash.train.cli import load_target  # noqa: E402
 from mlx_dflash.train.data import Dataset  # noqa: E402
-from mlx_dflash.train.evaluate import natural_held_out  # noqa: E402
-from mlx_dflash.train.prompts import encode_prompt  # noqa: E402
-from mlx_dflash.train.trainer import TrainArgs, estimate_tau  # noqa: E402
+from mlx_dflash.train.evaluate import natural_kinds  # noqa: E402
+from mlx_dflash.train.trainer import TrainArgs, estimate_tau, tau_by  # noqa: E402
 
 
 def main():
     data_path, drafts = sys.argv[1], sys.argv[2:]
     target, tok = load_target(None, "float32")
     data = Dataset.load(data_path)
-    by_prompt = {tuple(encode_prompt(tok, p)): p.kind for p in natural_held_out()}
-    cat = [by_prompt[tuple(data.sequence(i)[: data.prompt_lens[i]].tolist())] for i in range(len(data))]
+    cat = natural_kinds(tok, data)
     args = TrainArgs(batch_size=8, batch_tokens=4096, max_len=8192)
     for path in drafts:
         draft = load_draft(path, target=target, dtype=mx.float32)
@@ -40,9 +38,7 @@ def main():
         est = estimate_tau(draft, target, data, args)
         row = {"draft": path, "tau_est": round(est["tau_est"], 3), "cycles": est["cycles"],
                "first": round(est["first"], 4)}
-        for c in sorted(set(cat)):
-            t, n = (sum(x) for x in zip(*[s for s, k in zip(est["per_sequence"], cat) if k == c]))
-            row[c] = round(t / n, 3)
+        row.update(tau_by(cat, est["per_sequence"]))
         print(json.dumps(row), flush=True)
 
 

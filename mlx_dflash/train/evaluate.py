@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence
 
 from ..draft import DEFAULT_BLOCK_SIZE
 from ..stats import SpecStats
-from .prompts import Prompt, encode_messages
+from .prompts import Prompt, encode_messages, encode_prompt
 
 HELD_OUT_NATURAL = Path(__file__).with_name("held_out_natural.json")
 
@@ -82,6 +82,13 @@ def natural_held_out(per_category: Optional[int] = None) -> List[Prompt]:
         if per_category is None or seen[h["category"]] <= per_category:
             out.append(Prompt(h["messages"][-1]["content"], h["category"], h["messages"]))
     return out
+
+
+def natural_kinds(tokenizer, data) -> List[str]:
+    """The category of each of `data`'s sequences (a `Dataset` of answers to
+    natural held-out prompts), found by its prompt."""
+    kind = {tuple(encode_prompt(tokenizer, p)): p.kind for p in natural_held_out()}
+    return [kind[tuple(data.sequence(i)[: int(data.prompt_lens[i])].tolist())] for i in range(len(data))]
 
 
 def long_context_prompts(tokenizer, lengths: Sequence[int], per_length: int, seed: int = 0):

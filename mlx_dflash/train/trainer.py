@@ -265,6 +265,16 @@ def walk_cycles(runs: np.ndarray, data: Dataset, idx, max_len: int) -> list:
     return out
 
 
+def tau_by(keys, per_sequence) -> dict:
+    """{key: tau pooled over its sequences}, as `estimate_tau` pools them all
+    (`keys`: one a sequence, e.g. its category)."""
+    sums = {}
+    for k, (tokens, cycles) in zip(keys, per_sequence):
+        t, c = sums.get(k, (0, 0))
+        sums[k] = (t + tokens, c + cycles)
+    return {k: round(t / max(c, 1), 3) for k, (t, c) in sorted(sums.items())}
+
+
 def estimate_tau(draft: DFlashDraft, target, data: Dataset, args: TrainArgs, *, head=None) -> dict:
     """Greedy decoding's tau of `draft` on `data`'s answers, from one
     teacher-forced pass instead of a decode.
