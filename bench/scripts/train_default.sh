@@ -52,8 +52,14 @@
 #                                transcripts answered for 150 s (3.34M tokens), stage 11 fine-tuned
 #                                at 6,144 tokens a batch (8,192 ran out of GPU memory on an H100;
 #                                ~2,680 of a 3,192-step, 380 s schedule: the call's stop), and the
-#                                draft vocabulary of its own responses.
-# Stages 1-2 land in /tmp/dflash-wide/draft, the shipped drafter in /tmp/dflash-natural12/draft.
+#                                draft vocabulary of its own responses;
+#   stage 13 (train_gpu_natural.sh once, SEED=13 PIECES=6 SELF=12000: requests the target writes
+#                                itself, 10,764 kept, with 8k natural + 1k wide + 800 transcripts;
+#                                2.66M tokens), stage 12 fine-tuned at 6,144 tokens a batch (2,071
+#                                steps of a 300 s schedule);
+#   the shipped drafter: the average of stages 11, 12 and 13's weights (python -m
+#                                mlx_dflash.train.soup; stage 12's draft vocabulary).
+# Stages 1-2 land in /tmp/dflash-wide/draft, the shipped drafter in /tmp/dflash-soup.
 # With one GPU set GPUS=1 (stage 2's generation then takes ~8 min; raise GEN_SECONDS to 600 so
 # that it answers every prompt). The time budgets fit the step
 # counts to the machine's speed. The lent H200s run at most 10 minutes per command, so the
@@ -112,3 +118,10 @@ RUN=/tmp/dflash-natural12 OUT=/tmp/dflash-natural12/out INIT=/tmp/dflash-natural
   GEN_TOKENS=393216 CALL_SECONDS=610 bash "$here/train_gpu_natural.sh" "$gguf" once
 ${PYTHON:-python3} -m mlx_dflash.train.vocab /tmp/dflash-natural12/draft --model "$gguf" \
   --data /tmp/dflash-natural12/gen/data.npz
+# Stage 13 as its run made it: one call of 570 s on an H100 (generate, train until the pack).
+RUN=/tmp/dflash-natural13 OUT=/tmp/dflash-natural13/out INIT=/tmp/dflash-natural12/draft SEED=13 PIECES=6 \
+  SELF=12000 NATURAL=8000 WIDE=1000 LONG=800 GEN_SECONDS=210 TRAIN_SECONDS=300 BATCH_TOKENS=6144 \
+  GEN_BATCH=512 GEN_TOKENS=393216 CALL_SECONDS=570 bash "$here/train_gpu_natural.sh" "$gguf" once
+# The shipped drafter: stages 11-13 averaged (train_natural.md, forty-sixth session).
+${PYTHON:-python3} -m mlx_dflash.train.soup /tmp/dflash-soup /tmp/dflash-natural12/draft \
+  /tmp/dflash-natural13/draft /tmp/dflash-natural11/draft
